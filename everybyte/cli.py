@@ -1,0 +1,55 @@
+"""One entry point: everybyte generate|serve|bench|sim ...
+
+Each subcommand lives in its own module with a `main(argv) -> int`; this file only
+dispatches, so importing the CLI stays cheap and layers stay apart.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "generate": ("everybyte.engine.generate_cli", "generate text with the engine, streaming to stdout"),
+    "bench": (None, "run a benchmark: everybyte bench NAME [--json PATH] (see `everybyte bench --help`)"),
+}
+
+BENCHMARKS = {
+    "formats": ("everybyte.bench.formats", "NVFP4/FP8 quantize and dequantize throughput vs copy"),
+    "engine": ("everybyte.bench.engine", "prefill and decode tokens/s vs transformers"),
+    "kv-quality": ("everybyte.bench.kv_quality", "perplexity and speed per KV cache format"),
+}
+
+
+def _usage(table: dict, prog: str) -> str:
+    lines = [f"usage: {prog} COMMAND [args]", "", "commands:"]
+    lines += [f"  {name:<12} {help_}" for name, (_, help_) in table.items()]
+    return "\n".join(lines)
+
+
+def _run(module: str, argv: list[str]) -> int:
+    return int(importlib.import_module(module).main(argv) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage(COMMANDS, "everybyte"))
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "bench":
+        if not rest or rest[0] in ("-h", "--help"):
+            print(_usage(BENCHMARKS, "everybyte bench"))
+            return 0 if rest else 2
+        if rest[0] not in BENCHMARKS:
+            print(f"everybyte bench: unknown benchmark {rest[0]!r}; choose from {', '.join(BENCHMARKS)}",
+                  file=sys.stderr)
+            return 2
+        return _run(BENCHMARKS[rest[0]][0], rest[1:])
+    if cmd not in COMMANDS:
+        print(f"everybyte: unknown command {cmd!r}; choose from {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    return _run(COMMANDS[cmd][0], rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

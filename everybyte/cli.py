@@ -10,6 +10,7 @@ import sys
 
 COMMANDS = {
     "generate": ("everybyte.engine.generate_cli", "generate text with the engine, streaming to stdout"),
+    "serve": ("everybyte.serve.cli", "start the OpenAI-compatible HTTP server"),
     "bench": (None, "run a benchmark: everybyte bench NAME [--json PATH] (see `everybyte bench --help`)"),
 }
 
@@ -17,6 +18,7 @@ BENCHMARKS = {
     "formats": ("everybyte.bench.formats", "NVFP4/FP8 quantize and dequantize throughput vs copy"),
     "engine": ("everybyte.bench.engine", "prefill and decode tokens/s vs transformers"),
     "kv-quality": ("everybyte.bench.kv_quality", "perplexity and speed per KV cache format"),
+    "agentic": ("everybyte.bench.agentic", "replay recorded agent sessions against an endpoint or the embedded engine"),
 }
 
 

@@ -1,0 +1,28 @@
+"""Engine command-line options shared by `everybyte generate` and `everybyte serve`."""
+from __future__ import annotations
+
+import argparse
+
+from everybyte.formats.kv_layout import KV_CACHE_DTYPES
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", default=None,
+                   help="a .gguf file or a Hugging Face directory (default: the embedded SmolLM2-135M-Instruct)")
+    g.add_argument("--kv-cache-dtype", default="nvfp4", choices=KV_CACHE_DTYPES)
+    g.add_argument("--kv-cache", default="64MiB", help="KV cache budget, e.g. 64MiB, 1GiB")
+    g.add_argument("--dtype", default="auto", help="compute dtype: auto, float32, bfloat16, float16")
+    g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--max-num-seqs", type=int, default=64)
+    g.add_argument("--max-num-batched-tokens", type=int, default=512)
+    g.add_argument("--device", default="cpu")
+    return p
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    return {"kv_cache_dtype": args.kv_cache_dtype, "kv_cache_bytes": args.kv_cache,
+            "dtype": args.dtype, "block_size": args.block_size, "max_model_len": args.max_model_len,
+            "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
+            "device": args.device}

@@ -1,0 +1,143 @@
+"""Runs the engine loop in a background thread and hands results to asyncio streams.
+
+The HTTP event loop never blocks on a model step: requests and aborts cross into the
+engine thread through a lock-protected inbox, and each step's outputs come back to the
+request's asyncio queue with call_soon_threadsafe.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from dataclasses import dataclass
+
+from everybyte.engine.outputs import RequestOutput
+from everybyte.engine.sampling_params import SamplingParams
+
+log = logging.getLogger("everybyte.serve")
+
+
+class QueueFull(Exception):
+    pass
+
+
+@dataclass
+class _Pending:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    queue: asyncio.Queue
+    loop: asyncio.AbstractEventLoop
+
+
+class AsyncEngine:
+    def __init__(self, engine, max_queue: int = 256):
+        self.engine = engine
+        self.max_queue = max_queue
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._inbox: list[_Pending] = []
+        self._aborts: list[str] = []
+        self._streams: dict[str, _Pending] = {}
+        self._stopping = False
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="everybyte-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def num_in_flight(self) -> int:
+        with self._lock:
+            return len(self._streams) + len(self._inbox)
+
+    def check_capacity(self) -> None:
+        if self.num_in_flight >= self.max_queue:
+            raise QueueFull(f"{self.max_queue} requests already in flight")
+
+    def stats(self) -> dict:
+        return self.engine.stats() if hasattr(self.engine, "stats") else {}
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams):
+        """Yields cumulative RequestOutputs; the last one has finish_reason set."""
+        if self.error is not None:
+            raise RuntimeError(f"engine loop stopped: {self.error!r}")
+        p = _Pending(request_id, prompt_token_ids, params, asyncio.Queue(), asyncio.get_running_loop())
+        with self._lock:
+            if self._stopping:
+                raise RuntimeError("server is shutting down")
+            if len(self._streams) + len(self._inbox) >= self.max_queue:
+                raise QueueFull(f"{self.max_queue} requests already in flight")
+            self._inbox.append(p)
+        self._wake.set()
+        finished = False
+        try:
+            while True:
+                item = await p.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finished:
+                    finished = True
+                    return
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        with self._lock:
+            self._aborts.append(request_id)
+        self._wake.set()
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Finishes in-flight requests (up to timeout), then aborts the rest and stops the loop."""
+        with self._lock:
+            self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            with self._lock:
+                self._aborts.extend(self._streams)
+            self._wake.set()
+            self._thread.join(5.0)
+
+    def _drain_inbox(self) -> None:
+        with self._lock:
+            inbox, self._inbox = self._inbox, []
+            aborts, self._aborts = self._aborts, []
+        for p in inbox:
+            try:
+                self.engine.add_request(p.prompt_token_ids, p.params, request_id=p.request_id)
+                self._streams[p.request_id] = p
+            except Exception as e:  # bad input that slipped past the API checks
+                p.loop.call_soon_threadsafe(p.queue.put_nowait, e)
+        for rid in aborts:
+            if rid in self._streams:
+                self.engine.abort(rid)
+                self._streams.pop(rid, None)
+
+    def _deliver(self, out: RequestOutput) -> None:
+        p = self._streams.get(out.request_id)
+        if p is None:
+            return
+        if out.finished:
+            self._streams.pop(out.request_id, None)
+        p.loop.call_soon_threadsafe(p.queue.put_nowait, out)
+
+    def _run(self) -> None:
+        try:
+            while True:
+                self._drain_inbox()
+                if not self.engine.has_unfinished_requests():
+                    if self._stopping and not self._inbox:
+                        return
+                    self._wake.wait(0.1)
+                    self._wake.clear()
+                    continue
+                for out in self.engine.step():
+                    self._deliver(out)
+        except BaseException as e:  # surface to every waiting client instead of hanging them
+            log.exception("engine loop failed")
+            self.error = e
+            with self._lock:
+                streams = list(self._streams.values()) + self._inbox
+            for p in streams:
+                p.loop.call_soon_threadsafe(p.queue.put_nowait, RuntimeError(f"engine failed: {e!r}"))

@@ -1,0 +1,65 @@
+"""`everybyte serve`: the OpenAI-compatible server on uvicorn."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+
+from everybyte.engine.engine_args import add_engine_args, engine_kwargs
+from everybyte.serve.state import ServerConfig
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="everybyte serve", description="OpenAI-compatible server")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None, help="model id clients send (default: the model's)")
+    p.add_argument("--api-key", default=os.environ.get("EVERYBYTE_API_KEY"),
+                   help="require `Authorization: Bearer KEY` on /v1/* (env EVERYBYTE_API_KEY)")
+    p.add_argument("--max-queue", type=int, default=256, help="requests in flight before 429")
+    p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
+    p.add_argument("--no-auto-park", action="store_true",
+                   help="do not park a session when its chat turn ends in tool calls")
+    p.add_argument("--log-level", default="info")
+    add_engine_args(p)
+    return p
+
+
+def make_app(args: argparse.Namespace):
+    from everybyte.engine.llm_engine import LLMEngine
+    from everybyte.serve.api import create_app
+    from everybyte.serve.state import ServerState
+
+    engine = LLMEngine(args.model, **engine_kwargs(args))
+    name = args.served_model_name or engine.model_config.model_id
+    cfg = ServerConfig(model_name=name, max_model_len=engine.max_model_len,
+                       vocab_size=engine.model_config.vocab_size, api_key=args.api_key,
+                       max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
+                       auto_park=not args.no_auto_park)
+    state = ServerState(engine, engine.tokenizer, cfg)
+    app = create_app(state)
+
+    @app.on_event("shutdown")
+    def _drain():  # SIGTERM: uvicorn stops accepting, then in-flight requests finish or are aborted
+        state.engine.shutdown(timeout=30.0)
+
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):  # SIGTERM is the normal way to stop: drain, then exit 0
+            super().handle_exit(sig, frame)
+            if sig == signal.SIGTERM:
+                self._captured_signals.remove(sig)
+
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    app = make_app(args)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                            timeout_graceful_shutdown=30)
+    _Server(config).run()
+    return 0

@@ -1,0 +1,28 @@
+"""What the HTTP layer holds: the engine thread, the tokenizer, metrics and limits."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from everybyte.serve.async_engine import AsyncEngine
+from everybyte.serve.metrics import ServerMetrics
+
+
+@dataclass
+class ServerConfig:
+    model_name: str
+    max_model_len: int
+    vocab_size: int
+    api_key: str | None = None
+    max_queue: int = 256
+    max_body_bytes: int = 8 * 1024 * 1024
+    auto_park: bool = True
+
+
+class ServerState:
+    def __init__(self, engine, tokenizer, config: ServerConfig):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.engine = AsyncEngine(engine, max_queue=config.max_queue)
+        self.metrics = ServerMetrics(self.engine.stats)
+        self.started = int(time.time())

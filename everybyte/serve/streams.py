@@ -1,0 +1,134 @@
+"""Turns engine outputs into OpenAI responses: one JSON body, or server-sent event chunks."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from everybyte.serve.async_engine import QueueFull
+from everybyte.serve.protocol import APIError, new_id, now, usage
+
+
+class ResponseWriter:
+    def __init__(self, state, object_: str, response_id: str, session_id: str | None):
+        self.state, self.object, self.id, self.session_id = state, object_, response_id, session_id
+        self.chat = object_ == "chat.completion"
+        self.model = state.config.model_name
+
+    async def _outputs(self, ids, params, index: int):
+        rid = f"{self.id}-{index}"
+        t0, last = time.monotonic(), None
+        m = self.state.metrics
+        m.prompt_tokens.inc(len(ids))
+        try:
+            gen = self.state.engine.generate(rid, ids, params)
+            async for out in gen:
+                t = time.monotonic()
+                n_new = len(out.token_ids) - (0 if last is None else len(last.token_ids))
+                if last is None and out.token_ids:
+                    m.ttft.observe(t - t0)
+                elif n_new > 0:
+                    m.itl.observe((t - self._t_last) / n_new)
+                self._t_last = t
+                m.generation_tokens.inc(max(n_new, 0))
+                last = out
+                yield out
+        except QueueFull as e:
+            raise APIError(429, f"server busy: {e}; retry later", "rate_limit_error", code="queue_full",
+                           headers={"Retry-After": "1"})
+        except ValueError as e:
+            raise APIError(400, str(e))
+        if last is not None and last.finished:
+            m.e2e.observe(time.monotonic() - t0)
+            m.finished.labels(finished_reason=last.finish_reason).inc()
+
+    def _cached(self, out) -> int:
+        return int(getattr(out, "num_cached_tokens", 0) or 0)
+
+    def _logprobs(self, out, start: int = 0):
+        if out.logprobs is None:
+            return None
+        tok = self.state.tokenizer
+        entries = out.logprobs[start:]
+        ids = out.token_ids[start:start + len(entries)]
+        if self.chat:
+            return {"content": [{"token": tok.decode([t], skip_special_tokens=False), "logprob": lp[t],
+                                 "top_logprobs": [{"token": tok.decode([k], skip_special_tokens=False), "logprob": v}
+                                                  for k, v in lp.items()]}
+                                for t, lp in zip(ids, entries)]}
+        return {"tokens": [tok.decode([t], skip_special_tokens=False) for t in ids],
+                "token_logprobs": [lp[t] for t, lp in zip(ids, entries)],
+                "top_logprobs": [{tok.decode([k], skip_special_tokens=False): v for k, v in lp.items()}
+                                 for lp in entries]}
+
+    async def complete(self, jobs, request):
+        async def run(i, ids, params):
+            last = None
+            async for out in self._outputs(ids, params, i):
+                last = out
+            return last
+
+        tasks = [asyncio.ensure_future(run(i, ids, p)) for i, (ids, p) in enumerate(jobs)]
+        watcher = asyncio.ensure_future(_watch_disconnect(request, tasks))
+        try:
+            outs = await asyncio.gather(*tasks)
+        finally:
+            watcher.cancel()
+            for t in tasks:
+                t.cancel()
+        choices, n_prompt, n_out, n_cached = [], 0, 0, 0
+        for i, ((ids, _), out) in enumerate(zip(jobs, outs)):
+            n_prompt, n_out, n_cached = n_prompt + len(ids), n_out + len(out.token_ids), n_cached + self._cached(out)
+            if self.chat:
+                choices.append({"index": i, "message": {"role": "assistant", "content": out.text},
+                                "logprobs": self._logprobs(out), "finish_reason": out.finish_reason})
+            else:
+                choices.append({"index": i, "text": out.text, "logprobs": self._logprobs(out),
+                                "finish_reason": out.finish_reason})
+        return {"id": self.id, "object": self.object, "created": now(), "model": self.model,
+                "choices": choices, "usage": usage(n_prompt, n_out, n_cached)}
+
+    async def stream(self, job, stream_options, request):
+        ids, params = job
+        include_usage = bool(stream_options and stream_options.include_usage)
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        created = now()
+
+        def chunk(delta_or_text, finish_reason=None, logprobs=None):
+            if self.chat:
+                choice = {"index": 0, "delta": delta_or_text, "logprobs": logprobs, "finish_reason": finish_reason}
+            else:
+                choice = {"index": 0, "text": delta_or_text, "logprobs": logprobs, "finish_reason": finish_reason}
+            body = {"id": self.id, "object": obj, "created": created, "model": self.model, "choices": [choice]}
+            if include_usage:
+                body["usage"] = None
+            return f"data: {json.dumps(body)}\n\n"
+
+        sent_text, sent_tokens, last = "", 0, None
+        try:
+            if self.chat:
+                yield chunk({"role": "assistant", "content": ""})
+            async for out in self._outputs(ids, params, 0):
+                last = out
+                text = out.text
+                delta = text[len(sent_text):] if text.startswith(sent_text) else ""
+                if delta or out.finished:
+                    lp = self._logprobs(out, sent_tokens)
+                    yield chunk({"content": delta} if self.chat else delta, out.finish_reason, lp)
+                    sent_text, sent_tokens = sent_text + delta, len(out.token_ids)
+            if include_usage and last is not None:
+                body = {"id": self.id, "object": obj, "created": created, "model": self.model, "choices": [],
+                        "usage": usage(len(ids), len(last.token_ids), self._cached(last))}
+                yield f"data: {json.dumps(body)}\n\n"
+        except APIError as e:
+            yield f"data: {json.dumps(e.body())}\n\n"
+        yield "data: [DONE]\n\n"
+
+
+async def _watch_disconnect(request, tasks):
+    while True:
+        await asyncio.sleep(0.25)
+        if await request.is_disconnected():
+            for t in tasks:
+                t.cancel()
+            return

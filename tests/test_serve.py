@@ -1,0 +1,174 @@
+"""The OpenAI-compatible server, driven by the official `openai` client over real HTTP."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import openai
+import pytest
+
+from serve_fixtures import Server
+
+ENGINE = ["--kv-cache", "24MiB", "--kv-cache-dtype", "nvfp4", "--max-model-len", "1024",
+          "--max-num-seqs", "64"]
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server(*ENGINE, "--served-model-name", "smol")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+
+
+def test_models(client):
+    ids = [m.id for m in client.models.list().data]
+    assert ids == ["smol"]
+
+
+def test_completion_text_and_token_ids(client):
+    r = client.completions.create(model="smol", prompt="The capital of France is", max_tokens=8, temperature=0)
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 8 and r.usage.prompt_tokens > 0
+    text = r.choices[0].text
+    assert text
+    ids = client.completions.create(model="smol", prompt=[504, 3575, 282, 4649, 314], max_tokens=4,
+                                    temperature=0)
+    assert ids.usage.prompt_tokens == 5 and ids.usage.completion_tokens == 4
+
+
+def test_greedy_is_deterministic_over_http(client):
+    a = client.completions.create(model="smol", prompt="def fibonacci(n):", max_tokens=12, temperature=0)
+    b = client.completions.create(model="smol", prompt="def fibonacci(n):", max_tokens=12, temperature=0)
+    assert a.choices[0].text == b.choices[0].text
+
+
+def test_chat(client):
+    r = client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "Say hello."}],
+                                       max_tokens=10, temperature=0)
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_chat_stream_with_usage(client):
+    stream = client.chat.completions.create(
+        model="smol", messages=[{"role": "user", "content": "Count to five."}], max_tokens=12,
+        temperature=0, stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1 and text
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
+    whole = client.chat.completions.create(
+        model="smol", messages=[{"role": "user", "content": "Count to five."}], max_tokens=12, temperature=0)
+    assert whole.choices[0].message.content == text
+
+
+def test_completion_stream(client):
+    stream = client.completions.create(model="smol", prompt="Once upon a time", max_tokens=10,
+                                       temperature=0, stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[-1].usage.completion_tokens == 10
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    whole = client.completions.create(model="smol", prompt="Once upon a time", max_tokens=10, temperature=0)
+    assert whole.choices[0].text == text
+
+
+def _post(server, path, body, **kw):
+    return httpx.post(server.url + path, content=body if isinstance(body, (bytes, str)) else json.dumps(body),
+                      headers={"content-type": "application/json", **kw.pop("headers", {})}, timeout=60, **kw)
+
+
+def _err(r, status):
+    assert r.status_code == status, r.text
+    e = r.json()["error"]
+    assert set(e) == {"message", "type", "param", "code"}
+    return e
+
+
+def test_bad_inputs(server):
+    assert "JSON" in _err(_post(server, "/v1/completions", b"{not json"), 400)["message"]
+    e = _err(_post(server, "/v1/completions", {"prompt": "hi", "temperature": -1}), 400)
+    assert e["param"] == "temperature"
+    e = _err(_post(server, "/v1/completions", {"prompt": "hi", "top_p": 1.5}), 400)
+    assert e["param"] == "top_p"
+    e = _err(_post(server, "/v1/chat/completions", {"messages": "nope"}), 400)
+    assert e["param"].startswith("messages")
+    e = _err(_post(server, "/v1/completions", {"model": "gpt-9", "prompt": "hi"}), 404)
+    assert e["code"] == "model_not_found"
+    e = _err(_post(server, "/v1/completions", {"prompt": [1] * 1500}), 400)
+    assert "1500" in e["message"] and "1024" in e["message"]
+    e = _err(_post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 5000}), 400)
+    assert e["param"] == "max_tokens" and "5000" in e["message"]
+    e = _err(_post(server, "/v1/completions", {"prompt": [10 ** 9]}), 400)
+    assert "vocabulary" in e["message"]
+    e = _err(_post(server, "/v1/completions", {"prompt": ""}), 400)
+    e = _err(_post(server, "/v1/completions", b"x" * (9 * 1024 * 1024)), 413)
+    _err(httpx.get(server.url + "/v1/nothing-here"), 404)
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_disconnect_mid_stream_frees_blocks(server):
+    free0 = server.metric("everybyte:kv_blocks_free")
+    with httpx.stream("POST", server.url + "/v1/completions", timeout=60,
+                      json={"prompt": "Write a long story about a dragon.", "max_tokens": 400,
+                            "ignore_eos": True, "stream": True}) as r:
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(6)]
+        assert any(g.startswith("data:") for g in got)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        if server.metric("everybyte:kv_blocks_free") == free0 and server.metric("everybyte:num_requests_running") == 0:
+            break
+        time.sleep(0.2)
+    assert server.metric("everybyte:kv_blocks_free") == free0
+
+
+def test_64_concurrent_streaming_clients(server):
+    async def main():
+        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=300)
+
+        async def one(i):
+            stream = await client.completions.create(model="smol", prompt=f"Item {i}: the number", max_tokens=8,
+                                                     temperature=0.7, seed=i, stream=True)
+            n = 0
+            async for c in stream:
+                n += bool(c.choices and c.choices[0].text)
+            return n
+
+        results = await asyncio.gather(*(one(i) for i in range(64)), return_exceptions=True)
+        await client.close()
+        return results
+
+    results = asyncio.run(main())
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert not errors, errors[:3]
+    assert all(n > 0 for n in results)
+    text = httpx.get(server.url + "/metrics").text
+    assert "everybyte:time_to_first_token_seconds_bucket" in text
+    assert 'everybyte:requests_total{endpoint="/v1/completions",status="200"}' in text
+
+
+def test_api_key_queue_limit_and_sigterm():
+    s = Server(*ENGINE, "--api-key", "sekrit", "--max-queue", "1")
+    try:
+        e = _err(_post(s, "/v1/completions", {"prompt": "hi", "max_tokens": 2}), 401)
+        assert e["type"] == "authentication_error"
+        auth = {"authorization": "Bearer sekrit"}
+        assert _post(s, "/v1/completions", {"prompt": "hi", "max_tokens": 2}, headers=auth).status_code == 200
+        with httpx.stream("POST", s.url + "/v1/completions", headers=auth, timeout=60,
+                          json={"prompt": "Tell a long story.", "max_tokens": 300, "ignore_eos": True,
+                                "stream": True}) as r:
+            first = next(r.iter_lines())
+            assert first.startswith("data:") and "error" not in first, first
+            busy = _post(s, "/v1/completions", {"prompt": "hi", "max_tokens": 2}, headers=auth)
+            assert busy.status_code == 429 and busy.headers.get("retry-after")
+    finally:
+        assert s.stop() == 0

@@ -1,0 +1,109 @@
+"""Content names for KV blocks.
+
+A full block is named by blake2b-128 over (namespace digest, parent block's name, the block's token
+ids packed as little-endian int64). The namespace covers everything that changes a block's bytes,
+so the same name means the same bytes in every process, tier and node; no seeds, no Python `hash`.
+Partial blocks are never named: their bytes change as tokens arrive.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from dataclasses import dataclass, field, fields
+from typing import Sequence
+
+NAME_BYTES = 16
+ROOT_PARENT = b"\x00" * NAME_BYTES
+_DOMAIN = b"everybyte-kv-block-v1"
+
+
+def _h(*parts: bytes) -> bytes:
+    h = hashlib.blake2b(digest_size=NAME_BYTES, person=b"everybyte.kv")
+    for p in parts:
+        h.update(p)
+    return h.digest()
+
+
+@dataclass(frozen=True)
+class KVNamespace:
+    """Everything besides tokens that decides a block's bytes.
+
+    `kv_fingerprint` covers the pool's layer shapes and per-layer K/V scales (see `for_pool`);
+    `layer_shard` names which layers this rank holds ("all", "pp0/4", "0-14"); `tenant_salt`
+    keeps tenants from ever sharing a block.
+    """
+    model_id: str
+    revision: str = ""
+    kv_format: str = "fp16"
+    block_size: int = 16
+    layer_shard: str = "all"
+    tenant_salt: str | bytes | None = None
+    kv_fingerprint: str = ""
+    digest: bytes = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+        salt = self.tenant_salt
+        d["tenant_salt"] = None if salt is None else (salt.encode() if isinstance(salt, str) else bytes(salt)).hex()
+        canon = json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
+        object.__setattr__(self, "digest", _h(_DOMAIN, b"ns", canon))
+
+    def with_tenant(self, tenant_salt: str | bytes | None) -> "KVNamespace":
+        return KVNamespace(self.model_id, self.revision, self.kv_format, self.block_size,
+                           self.layer_shard, tenant_salt, self.kv_fingerprint)
+
+    @classmethod
+    def for_pool(cls, pool, model_id: str, revision: str = "", layer_shard: str = "all",
+                 tenant_salt: str | bytes | None = None) -> "KVNamespace":
+        """A namespace for a KVPool (anything with kv_cache_dtype, block_size, layer_shapes,
+        k_scales and v_scales): the fingerprint changes when shapes or scales do."""
+        fp = json.dumps({"shapes": [list(s) for s in pool.layer_shapes],
+                         "k_scales": [float(s).hex() for s in pool.k_scales],
+                         "v_scales": [float(s).hex() for s in pool.v_scales]}, sort_keys=True)
+        return cls(model_id, revision, pool.kv_cache_dtype, pool.block_size, layer_shard,
+                   tenant_salt, _h(fp.encode()).hex())
+
+
+def pack_tokens(token_ids: Sequence[int]) -> bytes:
+    return struct.pack(f"<{len(token_ids)}q", *token_ids)
+
+
+def block_id(namespace: KVNamespace, parent: bytes | None, token_ids: Sequence[int]) -> bytes:
+    """The name of one full block whose predecessor is named `parent` (None for the first)."""
+    if len(token_ids) != namespace.block_size:
+        raise ValueError(f"only full blocks are named: got {len(token_ids)} tokens, "
+                         f"block size {namespace.block_size}")
+    parent = ROOT_PARENT if parent is None else parent
+    if len(parent) != NAME_BYTES:
+        raise ValueError(f"parent name must be {NAME_BYTES} bytes, got {len(parent)}")
+    return _h(_DOMAIN, namespace.digest, parent, pack_tokens(token_ids))
+
+
+def chain_block_ids(namespace: KVNamespace, token_ids: Sequence[int], block_size: int | None = None,
+                    *, parent: bytes | None = None, start_block: int = 0) -> list[bytes]:
+    """Names of the full blocks of `token_ids` from block `start_block` on; `parent` is the name of
+    block start_block-1 (None when start_block == 0). The trailing partial block gets no name."""
+    bs = namespace.block_size if block_size is None else block_size
+    if bs != namespace.block_size:
+        raise ValueError(f"block_size {bs} differs from the namespace's {namespace.block_size}")
+    if start_block > 0 and parent is None:
+        raise ValueError("start_block > 0 needs the parent name of block start_block-1")
+    names = []
+    for i in range(start_block, len(token_ids) // bs):
+        parent = block_id(namespace, parent, token_ids[i * bs:(i + 1) * bs])
+        names.append(parent)
+    return names
+
+
+def name_hex(name: bytes) -> str:
+    return name.hex()
+
+
+def name_from_hex(s: str) -> bytes:
+    b = bytes.fromhex(s)
+    if len(b) != NAME_BYTES:
+        raise ValueError(f"block name must be {NAME_BYTES} bytes, got {len(b)}")
+    return b

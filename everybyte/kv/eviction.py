@@ -1,0 +1,162 @@
+"""Which evictable device block goes first.
+
+A policy holds only evictable blocks (reference count 0, content named); the prefix cache inserts a
+block when its last user frees it and removes it when a request reuses it. `ParkedFirst` puts the
+blocks of parked sessions in front (the session expected back last goes first) and defers to an
+inner policy (LRU by default) for the rest. Blocks of running requests are never in a policy.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from itertools import count
+
+
+class EvictionPolicy(ABC):
+    @abstractmethod
+    def insert(self, block_id: int) -> None:
+        """The block became evictable (most recently used)."""
+
+    @abstractmethod
+    def remove(self, block_id: int) -> None:
+        """The block is no longer evictable (reused or dropped); unknown ids are ignored."""
+
+    @abstractmethod
+    def pop(self) -> int | None:
+        """Remove and return the next victim, None when nothing is evictable."""
+
+    @abstractmethod
+    def order(self) -> list[int]:
+        """All evictable blocks, next victim first (for tests and reports; may be O(n log n))."""
+
+    @abstractmethod
+    def __contains__(self, block_id: int) -> bool: ...
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+    def touch(self, block_id: int) -> None:
+        if block_id in self:
+            self.remove(block_id)
+            self.insert(block_id)
+
+    def set_parked(self, block_id: int, expected_return: float | None) -> None:
+        """Hook for session-aware policies (None = return time unknown); plain policies ignore it."""
+
+    def unpark(self, block_id: int) -> None:
+        """The block's session is back (or dropped): ordinary eviction order again."""
+
+    def num_parked(self) -> int:
+        return 0
+
+
+class LRUPolicy(EvictionPolicy):
+    def __init__(self):
+        self._order: OrderedDict[int, None] = OrderedDict()
+
+    def insert(self, block_id):
+        self._order[block_id] = None
+        self._order.move_to_end(block_id)
+
+    def remove(self, block_id):
+        self._order.pop(block_id, None)
+
+    def touch(self, block_id):
+        if block_id in self._order:
+            self._order.move_to_end(block_id)
+
+    def pop(self):
+        if not self._order:
+            return None
+        return self._order.popitem(last=False)[0]
+
+    def order(self):
+        return list(self._order)
+
+    def __contains__(self, block_id):
+        return block_id in self._order
+
+    def __len__(self):
+        return len(self._order)
+
+
+class FIFOPolicy(LRUPolicy):
+    """Evicts in the order blocks became evictable; reuse does not refresh."""
+
+    def touch(self, block_id):
+        pass
+
+
+class ParkedFirst(EvictionPolicy):
+    """Parked sessions' blocks first, latest expected return first (unknown return = +inf, so
+    first), ties in the order they became evictable; then the inner policy's order."""
+
+    def __init__(self, inner: EvictionPolicy | None = None):
+        self.inner = inner or LRUPolicy()
+        self._parked: dict[int, float] = {}      # block id -> expected return, parked blocks only
+        self._evictable_parked: dict[int, int] = {}   # evictable parked block -> its heap entry tick
+        self._heap: list[tuple[float, int, int]] = []
+        self._tick = count()
+
+    def set_parked(self, block_id, expected_return):
+        rank = park_rank(expected_return)
+        was_evictable = block_id in self
+        if was_evictable:
+            self.remove(block_id)
+        self._parked[block_id] = rank
+        if was_evictable:
+            self.insert(block_id)
+
+    def unpark(self, block_id):
+        if self._parked.pop(block_id, None) is not None and block_id in self._evictable_parked:
+            del self._evictable_parked[block_id]
+            self.inner.insert(block_id)
+
+    def insert(self, block_id):
+        if block_id in self._parked:
+            tick = self._evictable_parked[block_id] = next(self._tick)
+            heapq.heappush(self._heap, (-self._parked[block_id], tick, block_id))
+            if len(self._heap) > 2 * len(self._evictable_parked) + 64:
+                self._heap = [e for e in self._heap if self._live(e)]
+                heapq.heapify(self._heap)
+        else:
+            self.inner.insert(block_id)
+
+    def remove(self, block_id):
+        if self._evictable_parked.pop(block_id, None) is None:   # else its heap entry goes stale
+            self.inner.remove(block_id)
+
+    def touch(self, block_id):
+        if block_id not in self._evictable_parked:
+            self.inner.touch(block_id)
+
+    def _live(self, entry) -> bool:
+        return self._evictable_parked.get(entry[2]) == entry[1]
+
+    def pop(self):
+        while self._heap:
+            entry = heapq.heappop(self._heap)
+            if self._live(entry):
+                del self._evictable_parked[entry[2]]
+                del self._parked[entry[2]]      # the block leaves; its id will hold other content
+                return entry[2]
+        return self.inner.pop()
+
+    def order(self):
+        return [e[2] for e in sorted(e for e in self._heap if self._live(e))] + self.inner.order()
+
+    def num_parked(self):
+        return len(self._evictable_parked)
+
+    def __contains__(self, block_id):
+        return block_id in self._evictable_parked or block_id in self.inner
+
+    def __len__(self):
+        return len(self._evictable_parked) + len(self.inner)
+
+
+def park_rank(expected_return: float | None) -> float:
+    """The ordering key ParkedFirst uses (unknown return = +inf)."""
+    return math.inf if expected_return is None else float(expected_return)

@@ -1,0 +1,267 @@
+"""G1 prefix cache: which device block holds which named block, and who uses it.
+
+Pure bookkeeping over block ids 0..num_blocks-1 (no tensors). A block is either empty, in use
+(ref count > 0: running requests), or cached (ref count 0, named, reusable until evicted). Cached
+blocks are evicted in the policy's order; the default puts blocks owned only by parked sessions
+first (latest expected return first), then LRU. Blocks in use are never evicted.
+
+`on_evict(block_id, name)` fires before an evicted block is handed out again, so the data plane
+can write it down a tier (its bytes are still intact when the callback runs).
+"""
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import Callable, Hashable, Iterable, Sequence
+
+from everybyte.kv.eviction import EvictionPolicy, LRUPolicy, ParkedFirst, park_rank
+
+log = logging.getLogger(__name__)
+ANON = None   # owner of requests without a session
+SHARED = "<shared>"   # stands for "too many owners to track": such a block is never parked-only
+
+
+class NoFreeBlocks(RuntimeError):
+    pass
+
+
+class PrefixCache:
+    def __init__(self, num_blocks: int, policy: EvictionPolicy | None = None,
+                 on_evict: Callable[[int, bytes], None] | None = None, max_owners: int = 32):
+        if num_blocks < 1:
+            raise ValueError(f"need num_blocks >= 1, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.policy = policy if policy is not None else ParkedFirst(LRUPolicy())
+        self.on_evict = on_evict
+        self.max_owners = max_owners
+        self.ref = [0] * num_blocks
+        self.names: list[bytes | None] = [None] * num_blocks
+        self.by_name: dict[bytes, int] = {}
+        self.empty: deque[int] = deque(range(num_blocks))
+        self.owners: dict[int, set] = {}                 # named block -> sessions (or ANON) using it
+        self.session_blocks: dict[Hashable, set[int]] = {}
+        self.parked: dict[Hashable, float | None] = {}   # session -> expected return (None: unknown)
+        self._freed_at = [0] * num_blocks                 # when each block was last freed (a tick)
+        self._tick = 0
+        self.stats = {"lookups": 0, "lookup_blocks": 0, "hit_blocks": 0, "evictions": 0, "commits": 0,
+                      "duplicate_commits": 0}
+
+    # ---- counts -------------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks an allocation can get now: empty ones plus evictable cached ones."""
+        return len(self.empty) + len(self.policy)
+
+    @property
+    def num_empty_blocks(self) -> int:
+        return len(self.empty)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    def counts(self) -> dict[str, int]:
+        """Blocks by state: running (ref > 0), parked, cached (reusable), empty; they sum to num_blocks."""
+        parked = self.policy.num_parked()
+        return {"running": self.num_used_blocks, "parked": parked, "cached": len(self.policy) - parked,
+                "empty": len(self.empty)}
+
+    def ref_count(self, block_id: int) -> int:
+        return self.ref[block_id]
+
+    def name_of(self, block_id: int) -> bytes | None:
+        return self.names[block_id]
+
+    def block_of(self, name: bytes) -> int | None:
+        return self.by_name.get(name)
+
+    def evictable_order(self) -> list[int]:
+        return self.policy.order()
+
+    # ---- lookup and sharing -------------------------------------------------------------------
+    def lookup(self, names: Sequence[bytes]) -> list[int]:
+        """Device blocks of the longest cached prefix of `names`; changes nothing."""
+        hits = []
+        for name in names:
+            b = self.by_name.get(name)
+            if b is None:
+                break
+            hits.append(b)
+        return hits
+
+    def acquire(self, names: Sequence[bytes], owner: Hashable = ANON) -> list[int]:
+        """Take a reference on every block of the longest cached prefix of `names`."""
+        hits = self.lookup(names)
+        self.stats["lookups"] += 1
+        self.stats["lookup_blocks"] += len(names)
+        self.stats["hit_blocks"] += len(hits)
+        for b in hits:
+            self._ref(b)
+            self._own(b, owner)
+        return hits
+
+    def _ref(self, block_id: int) -> None:
+        if self.ref[block_id] == 0:
+            self.policy.remove(block_id)
+        self.ref[block_id] += 1
+
+    # ---- allocation ---------------------------------------------------------------------------
+    def can_allocate(self, n: int) -> bool:
+        return n <= self.num_free_blocks
+
+    def allocate(self, n: int = 1) -> list[int]:
+        """n fresh blocks (ref count 1, unnamed): empty blocks first, then evicted cached ones."""
+        if n > self.num_free_blocks:
+            raise NoFreeBlocks(f"need {n} blocks, {self.num_free_blocks} free or evictable")
+        out = []
+        for _ in range(n):
+            b = self.empty.popleft() if self.empty else self._evict_one()[0]
+            self.ref[b] = 1
+            out.append(b)
+        return out
+
+    def _evict_one(self) -> tuple[int, bytes]:
+        b = self.policy.pop()
+        assert b is not None and self.ref[b] == 0, "policy returned a block in use"
+        if self.on_evict is not None:
+            try:
+                self.on_evict(b, self.names[b])
+            except Exception:    # a failed write-down only costs a recompute later
+                log.exception("on_evict failed for block %d; its content is dropped", b)
+        self.stats["evictions"] += 1
+        return b, self._forget(b)
+
+    def evict(self, n: int = 1) -> list[tuple[int, bytes]]:
+        """Evict up to n cached blocks now (policy order) and make them empty; returns (id, name)."""
+        out = []
+        while len(out) < n and len(self.policy):
+            out.append(self._evict_one())
+            self.empty.append(out[-1][0])
+        return out
+
+    def _forget(self, block_id: int) -> bytes | None:
+        name = self.names[block_id]
+        self.names[block_id] = None
+        if name is not None and self.by_name.get(name) == block_id:
+            del self.by_name[name]
+        for s in self.owners.pop(block_id, ()):
+            blocks = self.session_blocks.get(s)
+            if blocks is not None:
+                blocks.discard(block_id)
+                if not blocks:
+                    del self.session_blocks[s]
+        self.policy.unpark(block_id)
+        return name
+
+    # ---- naming and freeing -------------------------------------------------------------------
+    def commit(self, block_id: int, name: bytes, owner: Hashable = ANON) -> int:
+        """Name a block that just became full. When the name is already cached in another block
+        that one is returned (the caller may switch to it); this block then stays unnamed."""
+        if self.ref[block_id] < 1:
+            raise ValueError(f"block {block_id} is not in use")
+        if self.names[block_id] is not None:
+            if self.names[block_id] != name:
+                raise ValueError(f"block {block_id} is already named {self.names[block_id].hex()}")
+            self._own(block_id, owner)
+            return block_id
+        other = self.by_name.get(name)
+        if other is not None:
+            self.stats["duplicate_commits"] += 1
+            return other
+        self.names[block_id] = name
+        self.by_name[name] = block_id
+        self.stats["commits"] += 1
+        self._own(block_id, owner)
+        return block_id
+
+    def free(self, block_ids: Sequence[int]) -> None:
+        """Drop one reference on each block; pass a block table in order (its tail is freed first,
+        so under LRU a sequence's last blocks go before its prefix)."""
+        for b in reversed(block_ids):
+            if self.ref[b] < 1:
+                raise ValueError(f"block {b} freed more often than taken")
+            self.ref[b] -= 1
+            if self.ref[b] == 0:
+                if self.names[b] is None:
+                    self._forget(b)
+                    self.empty.append(b)
+                else:
+                    self._tick += 1
+                    self._freed_at[b] = self._tick
+                    self.policy.insert(b)
+
+    def touch(self, block_ids: Iterable[int]) -> None:
+        for b in block_ids:
+            self.policy.touch(b)
+
+    # ---- sessions -----------------------------------------------------------------------------
+    def _own(self, block_id: int, owner: Hashable) -> None:
+        owners = self.owners.setdefault(block_id, set())
+        if owner in owners or SHARED in owners:
+            return
+        if len(owners) >= self.max_owners:
+            owner = SHARED
+        owners.add(owner)
+        if owner is not ANON and owner is not SHARED:
+            self.session_blocks.setdefault(owner, set()).add(block_id)
+        if owner in self.parked:
+            self._reclass(block_id)
+        else:
+            self.policy.unpark(block_id)
+
+    def _reclass(self, block_id: int) -> None:
+        """Parked class iff every owner is a parked session; rank = the earliest expected return."""
+        owners = self.owners.get(block_id, ())
+        if owners and all(o in self.parked for o in owners):
+            self.policy.set_parked(block_id, min(park_rank(self.parked[o]) for o in owners))
+        else:
+            self.policy.unpark(block_id)
+
+    def _session_order(self, session_id: Hashable) -> list[int]:
+        """The session's blocks in the order they were freed (keeps tails ahead of prefixes)."""
+        return sorted(self.session_blocks.get(session_id, ()), key=self._freed_at.__getitem__)
+
+    def park(self, session_id: Hashable, expected_return: float | None = None) -> list[tuple[int, bytes]]:
+        """The session is idle (a tool call) until about `expected_return` (a clock time; None =
+        unknown). Its private cached blocks become the first eviction candidates. Returns the
+        session's named device blocks (id, name), e.g. to write them down to G2 right away."""
+        if session_id is ANON or session_id == SHARED:
+            raise ValueError(f"cannot park session id {session_id!r}")
+        self.parked[session_id] = expected_return
+        blocks = self._session_order(session_id)
+        for b in blocks:
+            self._reclass(b)
+        return [(b, self.names[b]) for b in blocks]
+
+    def unpark(self, session_id: Hashable) -> list[tuple[int, bytes]]:
+        """The session is back; its blocks return to ordinary order. Returns its device blocks."""
+        self.parked.pop(session_id, None)
+        blocks = self._session_order(session_id)
+        for b in blocks:
+            self._reclass(b)
+        return [(b, self.names[b]) for b in blocks]
+
+    def drop(self, session_id: Hashable) -> list[bytes]:
+        """Forget the session: blocks only it used and nobody holds are emptied now; returns their
+        names (the caller deletes them from lower tiers too)."""
+        self.parked.pop(session_id, None)
+        freed = []
+        for b in sorted(self.session_blocks.pop(session_id, ())):
+            owners = self.owners.get(b, set())
+            owners.discard(session_id)
+            if not owners and self.ref[b] == 0 and self.names[b] is not None:
+                self.policy.remove(b)
+                freed.append(self._forget(b))
+                self.empty.append(b)
+            else:
+                self._reclass(b)
+        return freed
+
+    def clear(self) -> int:
+        """Forget every cached (unreferenced) block without eviction callbacks; returns how many."""
+        n = 0
+        while (b := self.policy.pop()) is not None:
+            self._forget(b)
+            self.empty.append(b)
+            n += 1
+        return n

@@ -1,0 +1,180 @@
+"""A tier below the device: a byte store of encoded blocks keyed by block name.
+
+Every backend has a byte capacity and put/get/contains/delete; a miss, a full tier, an outage or
+corrupt bytes are answers (None / False), never exceptions, and are counted. The *_async variants
+run on a small shared thread pool so the engine can overlap I/O with compute.
+Backends that persist bytes (disk, shared dir, Redis) wrap each value in a frame with a crc32.
+"""
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+import warnings
+import zlib
+from abc import ABC, abstractmethod
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable, Iterable
+
+log = logging.getLogger("everybyte.kv.tiers")
+
+FRAME = struct.Struct("<4sQI")     # magic, payload length, crc32 of payload
+FRAME_MAGIC = b"EBT1"
+
+_executor: ThreadPoolExecutor | None = None
+_executor_lock = threading.Lock()
+
+
+def io_executor(max_workers: int = 4) -> ThreadPoolExecutor:
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="everybyte-kv-io")
+        return _executor
+
+
+def nbytes_of(data) -> int:
+    return data.numel() * data.element_size() if hasattr(data, "numel") else len(memoryview(data))
+
+
+def as_bytes_view(data) -> memoryview:
+    """A byte view of bytes/bytearray/memoryview or a CPU uint8 tensor, without copying."""
+    if hasattr(data, "numpy"):
+        return memoryview(data.detach().contiguous().numpy()).cast("B")
+    return memoryview(data).cast("B")
+
+
+def as_uint8_tensor(data) -> "torch.Tensor":
+    """A 1-D uint8 CPU tensor over bytes-like data (no copy; read-only buffers are fine to read)."""
+    import torch
+    if isinstance(data, torch.Tensor):
+        if data.dtype != torch.uint8 or data.dim() != 1 or data.is_cuda:
+            raise TypeError("an encoded block tensor is 1-D uint8 on the CPU")
+        return data
+    if len(memoryview(data)) == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.frombuffer(data, dtype=torch.uint8)
+
+
+def frame_header(payload: memoryview) -> bytes:
+    return FRAME.pack(FRAME_MAGIC, len(payload), zlib.crc32(payload))
+
+
+def unframe(buf) -> memoryview | None:
+    """The payload of a framed value, None when truncated or corrupt."""
+    mv = memoryview(buf).cast("B")
+    if len(mv) < FRAME.size:
+        return None
+    magic, n, crc = FRAME.unpack(mv[:FRAME.size])
+    payload = mv[FRAME.size:]
+    if magic != FRAME_MAGIC or n != len(payload) or zlib.crc32(payload) != crc:
+        return None
+    return payload
+
+
+class TierStats:
+    FIELDS = ("hits", "misses", "puts", "rejected", "evictions", "deletes", "corrupt", "errors",
+              "bytes_read", "bytes_written")
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.counts = dict.fromkeys(self.FIELDS, 0)
+
+    def add(self, key: str, n: int = 1) -> None:
+        with self._lock:
+            self.counts[key] += n
+
+    def __getitem__(self, key: str) -> int:
+        return self.counts[key]
+
+    def to_dict(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.counts)
+
+
+class TierBackend(ABC):
+    """`kind` is host / disk / redis / shared; `level` the G-level it serves (G2, G3, G3.5, G4).
+    `on_evict(name, data)` is called for blocks this tier drops to make room (e.g. to spill them
+    one tier down); data is None when the backend cannot hand the bytes back cheaply."""
+    kind = "tier"
+
+    def __init__(self, capacity_bytes: int, level: str = "", on_evict: Callable | None = None):
+        if capacity_bytes <= 0:
+            raise ValueError(f"tier capacity must be > 0 bytes, got {capacity_bytes}")
+        self.capacity_bytes = int(capacity_bytes)
+        self.level = level
+        self.on_evict = on_evict
+        self.stats = TierStats()
+        self._warned: set[str] = set()
+
+    # ---- the four operations --------------------------------------------------------------
+    @abstractmethod
+    def put(self, name: bytes, data) -> bool:
+        """Store an encoded block (bytes-like or a CPU uint8 tensor); False when it cannot
+        (larger than the tier, tier down). Storing a name already present is a no-op True."""
+
+    @abstractmethod
+    def get(self, name: bytes):
+        """The stored bytes (bytes-like or a uint8 tensor), None on a miss of any cause."""
+
+    @abstractmethod
+    def contains(self, name: bytes) -> bool: ...
+
+    @abstractmethod
+    def delete(self, name: bytes) -> bool: ...
+
+    @property
+    @abstractmethod
+    def used_bytes(self) -> int: ...
+
+    def __len__(self) -> int:
+        return 0
+
+    def contains_many(self, names: Iterable[bytes]) -> list[bool]:
+        return [self.contains(n) for n in names]
+
+    def longest_prefix(self, names: list[bytes]) -> int:
+        """How many leading names of a chain this tier holds."""
+        for i, n in enumerate(names):
+            if not self.contains(n):
+                return i
+        return len(names)
+
+    def close(self) -> None:
+        pass
+
+    # ---- async ------------------------------------------------------------------------------
+    def put_async(self, name: bytes, data) -> Future:
+        return io_executor().submit(self.put, name, data)
+
+    def get_async(self, name: bytes) -> Future:
+        return io_executor().submit(self.get, name)
+
+    def contains_async(self, name: bytes) -> Future:
+        return io_executor().submit(self.contains, name)
+
+    def delete_async(self, name: bytes) -> Future:
+        return io_executor().submit(self.delete, name)
+
+    def get_many_async(self, names: list[bytes]) -> Future:
+        return io_executor().submit(lambda: [self.get(n) for n in names])
+
+    # ---- helpers ------------------------------------------------------------------------------
+    def _warn_once(self, key: str, msg: str, *args) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(msg, *args)
+
+    def _evicted(self, name: bytes, data) -> None:
+        self.stats.add("evictions")
+        if self.on_evict is not None:
+            try:
+                self.on_evict(name, data)
+            except Exception:
+                log.exception("%s tier: on_evict failed", self.kind)
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "level": self.level, "capacity_bytes": self.capacity_bytes,
+                "used_bytes": self.used_bytes, "blocks": len(self), **self.stats.to_dict()}

@@ -1,0 +1,1 @@
+"""Replay drivers, metrics, reports and plots for `everybyte bench agentic`."""

@@ -1,0 +1,146 @@
+"""Deterministic token content: equal hash ids give equal token ids; a run marker opens each session.
+
+The token at scaled position s of a turn's input comes from the hash block that holds recorded
+position s * token_scale: token = f(namespace, hash id, s). The namespace is the trace for global
+hash ids (shared across sessions) and the session for local ones. Input past the last hashed block
+(an unhashed tail) is unique to its turn. The first MARKER_LEN tokens of every prompt are a marker
+derived from the run marker (and, for local ids, the session and its replay instance), so repeated
+runs and recycled sessions do not hit each other's cache while sharing inside a run stays intact.
+
+A prompt is built as the model's own output joins the context: a turn that extends an earlier one
+is that turn's prompt + the ids generated for it + its new input (SessionPrompts.prompt).
+"""
+from __future__ import annotations
+
+import hashlib
+
+from everybyte.bench.traces.model import Session
+from everybyte.bench.traces.scaling import Scaling
+
+MARKER_LEN = 4
+_M64 = (1 << 64) - 1
+
+
+def key64(*parts) -> int:
+    return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "little")
+
+
+def _mix(x: int) -> int:                      # splitmix64 finalizer
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+class TokenSpace:
+    """Token ids drawn from [low, high): clear of special tokens at the bottom of most vocabularies."""
+
+    def __init__(self, low: int = 1000, high: int = 30000):
+        if not 0 <= low < high:
+            raise ValueError(f"token range [{low}, {high}) is empty")
+        self.low, self.high = low, high
+
+    def token(self, ns: int, a: int, b: int) -> int:
+        return self.low + _mix(ns ^ _mix((a * 0x2545F4914F6CDD1D + b) & _M64)) % (self.high - self.low)
+
+
+class SessionPrompts:
+    """Prompts of one replay instance of a session; `outputs[k]` are the ids generated for turn k."""
+
+    def __init__(self, session: Session, scaling: Scaling, space: TokenSpace, run_marker: str,
+                 trace_name: str, instance: int = 0):
+        self.session, self.scaling, self.space = session, scaling, space
+        local = session.hash_scope != "global"
+        self.ns_blocks = key64(trace_name, session.id if local else "*")
+        self.ns_unique = key64(trace_name, session.id, "unique")
+        self.marker = [space.token(key64(run_marker, session.id if local else "*", instance), i, 0)
+                       for i in range(MARKER_LEN)]
+        self.prompts: dict[int, list[int]] = {}
+        self.spans: dict[int, list[tuple]] = {}    # (rec_start, rec_end, act_start, act_end, kind, turn)
+
+    def content(self, k: int, rec_a: int, rec_b: int, n: int | None = None) -> list[int]:
+        """Tokens for recorded input positions [rec_a, rec_b) of turn k (only the last n if given)."""
+        turn, sc, bs = self.session.turns[k], self.scaling, self.session.block_size
+        h, out = turn.hash_ids, []
+        first, end = sc.scaled_pos(rec_a), sc.scaled_pos(rec_b)
+        for s in range(first if n is None else max(first, end - n), end):
+            block = max(rec_a, int(s * sc.token_scale)) // bs
+            if block < len(h):
+                out.append(self.space.token(self.ns_blocks, h[block], s))
+            else:
+                out.append(self.space.token(self.ns_unique, -1 - k, s))
+        return out
+
+    def filler(self, k: int, n: int) -> list[int]:
+        """Stand-in ids for turn k's output when the server's own cannot be had."""
+        return [self.space.token(self.ns_unique, 1 << 40 | k, i) for i in range(n)]
+
+    def _cut(self, p: int, rec_pos: int) -> int:
+        for ra, rb, aa, ab, kind, _ in self.spans[p]:
+            if rec_pos <= ra:
+                return aa
+            if rec_pos < rb:
+                if kind == "in":
+                    return min(ab, aa + self.scaling.scaled_pos(rec_pos) - self.scaling.scaled_pos(ra))
+                return aa + round((rec_pos - ra) / (rb - ra) * (ab - aa))
+        return len(self.prompts[p])
+
+    def prompt(self, k: int, outputs: dict[int, list[int]]) -> list[int]:
+        turn = self.session.turns[k]
+        base, spans, rec = [], [], 0
+        p = turn.parent
+        if p is not None and p in self.prompts:
+            parent = self.session.turns[p]
+            if turn.extends and p in outputs:
+                out = outputs[p]
+                base = self.prompts[p] + list(out)
+                rec = parent.input_tokens + parent.output_tokens
+                spans = self.spans[p] + [(parent.input_tokens, rec, len(self.prompts[p]), len(base), "out", p)]
+            else:
+                rec = turn.shared_blocks * self.session.block_size
+                cut = self._cut(p, rec)
+                base = self.prompts[p][:cut]
+                spans = [(ra, min(rb, rec), aa, min(ab, cut), kind, j)
+                         for ra, rb, aa, ab, kind, j in self.spans[p] if ra < rec and aa < cut]
+        # the context keeps its scaled recorded length: outputs scaled less than inputs take
+        # their extra tokens out of the new input (at least one new token stays)
+        full = max(0, self.scaling.scaled_pos(turn.input_tokens) - self.scaling.scaled_pos(rec))
+        want = max(min(1, full), self.scaling.scaled_pos(turn.input_tokens) - len(base))
+        new = self.content(k, rec, turn.input_tokens, want) if full else []
+        if not base and not new:
+            new = [self.space.token(self.ns_unique, -1 - k, 0)]
+        ids = base + new
+        spans.append((rec, max(rec, turn.input_tokens), len(base), len(ids), "in", k))
+        ids[:MARKER_LEN] = self.marker[:min(MARKER_LEN, len(ids))]
+        self.prompts[k], self.spans[k] = ids, spans
+        return ids
+
+    def text(self, k: int, out_texts: dict[int, str], out_lens: dict[int, int]) -> str:
+        """Turn k's prompt (built by prompt()) as text: content ids as words, outputs as generated."""
+        ids, pieces = self.prompts[k], []
+        for _, _, aa, ab, kind, j in self.spans[k]:
+            if kind == "in":
+                pieces.append(ids_to_text(ids[aa:ab]))
+            else:
+                t, full = out_texts.get(j, ""), max(1, out_lens.get(j, ab - aa))
+                pieces.append(t if ab - aa >= full else t[:len(t) * (ab - aa) // full])
+        return "".join(pieces)
+
+    def forget(self, k: int) -> None:
+        """Drop a turn's prompt once no later turn can build on it (keeps memory flat)."""
+        self.prompts.pop(k, None)
+        self.spans.pop(k, None)
+
+
+WORDS = ("the of and to in is for on that with as by at from this be or are an it was not can all "
+         "will has one which more about use new may other their time any there data file code line "
+         "test run value type list name call return error result first last next make model set get "
+         "start end read write open close path user tool step plan note case item part page text word "
+         "number field table query index block cache token layer batch queue state event check build "
+         "group order point space level image input output source target option method object class "
+         "module server client request response session memory device").split()
+
+
+def ids_to_text(ids: list[int]) -> str:
+    """Text stand-in for token ids where an endpoint takes text only: one common word per id."""
+    return "".join(" " + WORDS[t % len(WORDS)] for t in ids)

@@ -1,0 +1,185 @@
+"""Trace importers, scaling, deterministic token content and the synthetic generator."""
+from __future__ import annotations
+
+import glob
+import json
+from pathlib import Path
+
+import pytest
+
+from everybyte.bench.traces import TraceError, detect_format, load_trace
+from everybyte.bench.traces.scaling import Scaling
+from everybyte.bench.traces.synthetic import SyntheticSpec, generate
+from everybyte.bench.traces.tokens import MARKER_LEN, SessionPrompts, TokenSpace
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
+AGENT = SHARED / "agent_sessions"
+MOONCAKE = SHARED / "mooncake_synthetic_trace.jsonl"
+AZURE = SHARED / "AzureLLMInferenceTrace_code_2023.csv"
+needs_shared = pytest.mark.skipif(not AGENT.is_dir(), reason="shared traces not present")
+
+
+def build(session, scaling, marker="run-a", name="t", instance=0, upto=None):
+    """Prompts of every turn with stand-in outputs of the scaled output length."""
+    sp = SessionPrompts(session, scaling, TokenSpace(), marker, name, instance)
+    outs, prompts = {}, []
+    for k, turn in enumerate(session.turns[:upto]):
+        prompts.append(sp.prompt(k, outs))
+        outs[k] = sp.filler(k, scaling.output_len(turn))
+    return prompts, outs
+
+
+@needs_shared
+def test_agent_sessions_counts_match_the_files():
+    trace = load_trace(str(AGENT))
+    files = sorted(glob.glob(str(AGENT / "*.json")))
+    assert trace.format == "agent_sessions" and len(trace.sessions) == len(files) == 51
+    for f, s in zip(files, trace.sessions):
+        doc = json.load(open(f))
+        assert s.id == doc["id"] and len(s.turns) == len(doc["requests"])
+        assert [t.input_tokens for t in s.turns] == [r["in"] for r in doc["requests"]]
+        assert sum(t.agent > 0 for t in s.turns) == sum(r["type"] == "s" for r in doc["requests"])
+    assert trace.num_turns == 1219
+    assert sum(t.extends for s in trace.sessions for t in s.turns) > 1000
+
+
+@needs_shared
+def test_agent_session_prefix_structure_survives_scaling():
+    session = load_trace(str(AGENT / "trace_0038.json")).sessions[0]
+    sc = Scaling.defaults("agent_sessions", 8192)
+    prompts, outs = build(session, sc, upto=22)
+    for k, turn in enumerate(session.turns[:22]):
+        if turn.parent is None:
+            continue
+        p = turn.parent
+        if turn.extends:        # the model's own output joins the context
+            assert prompts[k][:len(prompts[p]) + len(outs[p])] == prompts[p] + outs[p]
+        else:                   # shared blocks stay shared, the rest differs
+            cut = sc.scaled_pos(turn.shared_blocks * session.block_size)
+            assert prompts[k][:cut] == prompts[p][:cut]
+            assert prompts[k][cut:cut + 8] != prompts[p][cut:cut + 8]
+    assert not session.turns[16].extends and session.turns[16].shared_blocks == 197
+    # contexts keep about their scaled recorded length
+    assert abs(len(prompts[0]) - session.turns[0].input_tokens // 64) <= 1
+
+
+@needs_shared
+def test_equal_hash_ids_give_equal_tokens_and_scopes_apart():
+    sc = Scaling.defaults("agent_sessions")
+    trace = load_trace(str(AGENT))
+    a, b = trace.sessions[0], trace.sessions[1]
+    sa = SessionPrompts(a, sc, TokenSpace(), "m", trace.name)
+    sa2 = SessionPrompts(a, sc, TokenSpace(), "m", trace.name)
+    sb = SessionPrompts(b, sc, TokenSpace(), "m", trace.name)
+    assert a.turns[0].hash_ids[:3] == b.turns[0].hash_ids[:3]          # local ids collide across files ...
+    assert sa.content(0, 0, 640) == sa2.content(0, 0, 640)               # deterministic
+    assert sa.content(0, 0, 640) != sb.content(0, 0, 640)                # ... but are not the same content
+    # within a session, equal ids at equal positions in two turns give equal tokens
+    assert sa.content(0, 0, 64 * 50) == sa.content(1, 0, 64 * 50)
+
+
+@needs_shared
+def test_run_markers_separate_first_blocks_only():
+    session = load_trace(str(AGENT / "trace_0165.json")).sessions[0]
+    sc = Scaling.defaults("agent_sessions")
+    p1, _ = build(session, sc, marker="run-1", upto=3)
+    p2, _ = build(session, sc, marker="run-2", upto=3)
+    p3, _ = build(session, sc, marker="run-1", instance=1, upto=3)     # a recycled session
+    assert p1[0][:MARKER_LEN] != p2[0][:MARKER_LEN] and p1[0][:MARKER_LEN] != p3[0][:MARKER_LEN]
+    assert p1[0][MARKER_LEN:] == p2[0][MARKER_LEN:]
+    for k in range(3):                                                  # every turn opens with the marker
+        assert p1[k][:MARKER_LEN] == p1[0][:MARKER_LEN]
+
+
+@needs_shared
+def test_mooncake_global_hash_ids_share_tokens_across_requests():
+    trace = load_trace(str(MOONCAKE))
+    assert trace.format == "mooncake" and len(trace.sessions) == 3993 and trace.num_turns == 3993
+    assert trace.sessions[0].block_size == 512 and trace.sessions[-1].arrival_s > 1000
+    sc = Scaling.defaults("mooncake")
+    by_first: dict[int, list] = {}
+    for s in trace.sessions[:400]:
+        by_first.setdefault(s.turns[0].hash_ids[0], []).append(s)
+    x, y = next(v for v in by_first.values() if len(v) >= 2)[:2]
+    shared = 0
+    while x.turns[0].hash_ids[shared] == y.turns[0].hash_ids[shared]:
+        shared += 1
+    px = SessionPrompts(x, sc, TokenSpace(), "m", trace.name).prompt(0, {})
+    py = SessionPrompts(y, sc, TokenSpace(), "m", trace.name).prompt(0, {})
+    n = sc.scaled_pos(shared * 512)
+    assert n > MARKER_LEN and px[:n] == py[:n] and px[n:n + 4] != py[n:n + 4]
+
+
+@needs_shared
+def test_azure_has_no_reuse():
+    trace = load_trace(str(AZURE))
+    assert trace.format == "azure" and len(trace.sessions) == 8819
+    assert all(not s.turns[0].hash_ids for s in trace.sessions)
+    sc = Scaling.defaults("azure")
+    a, b = (SessionPrompts(s, sc, TokenSpace(), "m", trace.name).prompt(0, {}) for s in trace.sessions[:2])
+    assert a[MARKER_LEN:MARKER_LEN + 8] != b[MARKER_LEN:MARKER_LEN + 8]
+    assert len(a) == max(1, trace.sessions[0].turns[0].input_tokens // 4)
+
+
+def test_detection_and_bad_records(tmp_path):
+    good = {"timestamp": 0, "input_length": 700, "output_length": 3, "hash_ids": [1, 2]}
+    p = tmp_path / "t.jsonl"
+    p.write_text(json.dumps(good) + "\n" + json.dumps(good) + "\n{not json\n" +
+                 json.dumps({**good, "input_length": -1}) + "\n")
+    assert detect_format(str(p)) == "mooncake"
+    with pytest.raises(TraceError, match=rf"{p}:3"):
+        load_trace(str(p))
+    trace = load_trace(str(p), skip_bad=True)
+    assert len(trace.sessions) == 2 and len(trace.skipped) == 2 and trace.skipped[1].startswith(f"{p}:4")
+
+    sess = {"id": "x", "block_size": 64, "requests": [
+        {"t": 0, "type": "n", "in": 100, "out": 5, "hash_ids": [7]},
+        {"t": 1, "type": "n", "in": "many", "out": 5, "hash_ids": [7, 8]}]}
+    j = tmp_path / "x.json"
+    j.write_text(json.dumps(sess))
+    with pytest.raises(TraceError, match=r"x\.json.*requests\[1\].*'in'"):
+        load_trace(str(j))
+    assert load_trace(str(tmp_path / "x.json"), skip_bad=True).num_turns == 1
+    assert load_trace(str(tmp_path), skip_bad=True).format == "agent_sessions"     # a directory
+
+    c = tmp_path / "a.csv"
+    c.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,48,10\n"
+                 "2023-11-16 18:17:04.0319600,x,8\n")
+    with pytest.raises(TraceError, match=rf"{c}:3"):
+        load_trace(str(c))
+    (tmp_path / "u.txt").write_text("hello\n")
+    with pytest.raises(TraceError, match="cannot tell its format"):
+        load_trace(str(tmp_path / "u.txt"))
+    with pytest.raises(TraceError, match="no such file"):
+        load_trace(str(tmp_path / "missing.json"))
+
+
+def test_scaling_rules():
+    sc = Scaling.defaults("agent_sessions", model_window=2048)
+    assert (sc.token_scale, sc.output_scale, sc.max_context) == (64.0, 16.0, 2048)
+    assert Scaling.defaults("mooncake").token_scale == 16.0 and Scaling.defaults("synthetic").token_scale == 1.0
+    from everybyte.bench.traces.model import Turn
+    t = Turn(index=1, t=0, input_tokens=6400, output_tokens=4000, gap_s=100.0)
+    assert sc.output_len(t) == 64 and sc.gap(t) == 3.0
+    t.output_tokens, t.gap_s = 3, 12.0
+    assert sc.output_len(t) == 1 and sc.gap(t) == pytest.approx(1.2)
+    assert Scaling.defaults("azure", token_scale=2.0).token_scale == 2.0
+    with pytest.raises(ValueError):
+        Scaling(token_scale=0)
+
+
+def test_synthetic_is_seeded_and_shares_the_system_prompt():
+    a = generate(SyntheticSpec(sessions=5, seed=3))
+    b = load_trace("synthetic:sessions=5,seed=3")
+    c = generate(SyntheticSpec(sessions=5, seed=4))
+    key = lambda tr: [(t.input_tokens, t.output_tokens, t.gap_s, tuple(t.hash_ids)) for s in tr.sessions for t in s.turns]
+    assert key(a) == key(b) and key(a) != key(c)
+    sys_blocks = 512 // 64
+    assert len({tuple(s.turns[0].hash_ids[:sys_blocks]) for s in a.sessions}) == 1
+    assert all(t.extends for s in a.sessions for t in s.turns[1:])
+    with pytest.raises(ValueError, match="bogus"):
+        SyntheticSpec.parse("bogus=1")
+    sc = Scaling.defaults("synthetic")
+    p0 = SessionPrompts(a.sessions[0], sc, TokenSpace(), "m", a.name).prompt(0, {})
+    p1 = SessionPrompts(a.sessions[1], sc, TokenSpace(), "m", a.name).prompt(0, {})
+    assert p0[:512] == p1[:512] and p0[512:520] != p1[512:520]          # shared across sessions in a run

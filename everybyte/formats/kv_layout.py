@@ -1,0 +1,144 @@
+"""KV block storage formats: how one layer's K (or V) blocks are laid out and (de)quantized.
+
+A store is a dict of tensors that all start with [num_blocks, block_size, num_kv_heads, ...], so
+one block is `{key: t[block_id] for key, t in store.items()}` in every format. A slot is
+`block_id * block_size + offset`. `scale` is the per-layer FP32 scale of K or V (decode form:
+stored value * scale ~= x); float formats ignore it.
+"""
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+
+import torch
+
+from everybyte.formats import fp8, nvfp4
+
+KV_CACHE_DTYPES = ("fp32", "fp16", "bf16", "fp8", "nvfp4")
+
+FP8_MAX = 448.0
+NVFP4_MAX = 6.0 * 448.0
+
+
+class KVFormat(ABC):
+    name: str = ""
+    default_scale: float = 1.0
+
+    def bytes_per_token(self, num_kv_heads: int, head_dim: int) -> int:
+        """Bytes for K *or* V of one token in one layer."""
+        return sum(math.prod(shape) * dtype.itemsize
+                   for shape, dtype in self._fields(num_kv_heads, head_dim).values())
+
+    def scale_for_amax(self, amax: float) -> float:
+        return 1.0
+
+    def allocate(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 device="cpu") -> dict[str, torch.Tensor]:
+        return {key: torch.zeros(num_blocks, block_size, *shape, dtype=dtype, device=device)
+                for key, (shape, dtype) in self._fields(num_kv_heads, head_dim).items()}
+
+    def write(self, store: dict[str, torch.Tensor], slot_mapping: torch.Tensor, x: torch.Tensor,
+              scale: float) -> None:
+        if slot_mapping.numel() == 0:
+            return
+        keep = slot_mapping >= 0
+        if not bool(keep.all()):
+            slot_mapping, x = slot_mapping[keep], x[keep]
+        for key, value in self.encode(x, scale).items():
+            t = store[key]
+            t.view(-1, *t.shape[2:])[slot_mapping] = value
+
+    def read(self, store: dict[str, torch.Tensor], block_ids: torch.Tensor, scale: float,
+             dtype=torch.float32) -> torch.Tensor:
+        """Gather blocks and dequantize: [..., block_size, num_kv_heads, head_dim]."""
+        flat_ids = block_ids.reshape(-1)
+        parts = {key: t.view(t.shape[0], -1).index_select(0, flat_ids).view(*block_ids.shape, *t.shape[1:])
+                 for key, t in store.items()}
+        return self.decode(parts, scale, dtype)
+
+    @abstractmethod
+    def encode(self, x: torch.Tensor, scale: float) -> dict[str, torch.Tensor]:
+        """[T, Hkv, D] -> the store's fields for those T tokens."""
+
+    @abstractmethod
+    def decode(self, parts: dict[str, torch.Tensor], scale: float, dtype) -> torch.Tensor:
+        """Gathered fields -> values [..., Hkv, D] in dtype."""
+
+    @abstractmethod
+    def _fields(self, num_kv_heads: int, head_dim: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Per-token shape and dtype of each field of the store."""
+
+    def __repr__(self):
+        return f"KVFormat({self.name!r})"
+
+
+class FloatKV(KVFormat):
+    def __init__(self, name: str, dtype: torch.dtype):
+        self.name, self.dtype = name, dtype
+
+    def _fields(self, num_kv_heads, head_dim):
+        return {"data": ((num_kv_heads, head_dim), self.dtype)}
+
+    def encode(self, x, scale):
+        return {"data": x.to(self.dtype)}
+
+    def decode(self, parts, scale, dtype):
+        return parts["data"].to(dtype)
+
+
+class FP8KV(KVFormat):
+    """E4M3 values, x ~= q * scale; scale 1.0 keeps the raw +-448 range."""
+    name = "fp8"
+
+    def _fields(self, num_kv_heads, head_dim):
+        return {"data": ((num_kv_heads, head_dim), torch.float8_e4m3fn)}
+
+    def scale_for_amax(self, amax):
+        return max(float(amax), 1e-12) / FP8_MAX
+
+    def encode(self, x, scale):
+        return {"data": fp8.quantize_raw(x, scale)}
+
+    def decode(self, parts, scale, dtype):
+        return fp8.dequantize_raw(parts["data"], scale, dtype)
+
+
+class NVFP4KV(KVFormat):
+    """Packed E2M1 pairs (low nibble first) + an E4M3 scale per 16 head_dim values of one token of
+    one KV head + the per-layer FP32 scale (decode form). The default scale, 448/2688, covers the
+    same +-448 range as fp8 at scale 1."""
+    name = "nvfp4"
+    default_scale = FP8_MAX / NVFP4_MAX
+
+    def _fields(self, num_kv_heads, head_dim):
+        if head_dim % 16:
+            raise ValueError(f"nvfp4 KV cache needs head_dim divisible by 16, got {head_dim}")
+        return {"data": ((num_kv_heads, head_dim // 2), torch.uint8),
+                "scales": ((num_kv_heads, head_dim // 16), torch.float8_e4m3fn)}
+
+    def scale_for_amax(self, amax):
+        return max(float(amax), 1e-12) / NVFP4_MAX
+
+    def encode(self, x, scale):
+        packed, scales = nvfp4.quantize_blocks(x, scale)
+        return {"data": packed, "scales": scales}
+
+    def decode(self, parts, scale, dtype):
+        return nvfp4.dequantize_blocks(parts["data"], parts["scales"], scale, dtype)
+
+
+_FORMATS = {
+    "fp32": FloatKV("fp32", torch.float32),
+    "fp16": FloatKV("fp16", torch.float16),
+    "bf16": FloatKV("bf16", torch.bfloat16),
+    "fp8": FP8KV(),
+    "nvfp4": NVFP4KV(),
+}
+
+
+def get_kv_format(name: str) -> KVFormat:
+    try:
+        return _FORMATS[name]
+    except KeyError:
+        raise ValueError(f"unknown KV cache dtype {name!r}; choose one of "
+                         f"{', '.join(KV_CACHE_DTYPES)}") from None

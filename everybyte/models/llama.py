@@ -1,0 +1,187 @@
+"""Llama / Qwen2 / Qwen3 decoder-only model over a paged KV cache."""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from everybyte.models.attention import AttentionMetadata, LayerKVCache, paged_attention
+from everybyte.models.config import ModelConfig
+from everybyte.models.rope import RotaryEmbedding
+
+FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def _param(*shape, dtype, fill=None) -> nn.Parameter:
+    data = torch.empty(*shape, dtype=dtype) if fill is None else torch.full(shape, fill, dtype=dtype)
+    return nn.Parameter(data, requires_grad=False)
+
+
+class Linear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype):
+        super().__init__()
+        self.weight = _param(out_features, in_features, dtype=dtype)
+        self.bias = _param(out_features, dtype=dtype) if bias else None
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+
+class Embedding(nn.Module):
+    def __init__(self, num: int, dim: int, dtype: torch.dtype):
+        super().__init__()
+        self.weight = _param(num, dim, dtype=dtype)
+
+    def forward(self, ids):
+        return F.embedding(ids, self.weight)
+
+
+class RMSNorm(nn.Module):
+    """HF RMSNorm (fp32 statistics); with a residual, adds it first and returns the new residual."""
+
+    def __init__(self, size: int, eps: float, dtype: torch.dtype):
+        super().__init__()
+        self.eps = eps
+        self.weight = _param(size, dtype=dtype, fill=1.0)
+
+    def forward(self, x, residual=None):
+        if residual is not None:
+            x = residual = x + residual
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        h = self.weight * h.to(x.dtype)
+        return h if residual is None else (h, residual)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.scale = self.head_dim ** -0.5
+        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, cfg.attention_bias, dtype)
+        self.o_proj = Linear(self.q_size, cfg.hidden_size, False, dtype)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype)
+        self.qk_norm = cfg.qk_norm
+
+    def shard_sizes(self) -> tuple[int, ...]:
+        return self.q_size, self.kv_size, self.kv_size
+
+    def forward(self, positions, x, rotary: RotaryEmbedding, cache: LayerKVCache, meta: AttentionMetadata):
+        T = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(T, self.num_heads, self.head_dim)
+        k = k.view(T, self.num_kv_heads, self.head_dim)
+        v = v.view(T, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotary(positions, q, k)
+        out = paged_attention(q, k, v, cache, meta, self.scale)
+        return self.o_proj(out.flatten(1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype):
+        super().__init__()
+        self.intermediate_size = cfg.intermediate_size
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, False, dtype)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, False, dtype)
+
+    def shard_sizes(self) -> tuple[int, ...]:
+        return self.intermediate_size, self.intermediate_size
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype):
+        super().__init__()
+        self.self_attn = Attention(cfg, dtype)
+        self.mlp = MLP(cfg, dtype)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+
+    def forward(self, positions, h, residual, rotary, cache, meta):
+        if residual is None:
+            h, residual = self.input_layernorm(h), h
+        else:
+            h, residual = self.input_layernorm(h, residual)
+        h = self.self_attn(positions, h, rotary, cache, meta)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
+
+
+class Model(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype):
+        super().__init__()
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, dtype)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, dtype) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+
+
+class CausalLM(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.config, self.dtype = config, dtype
+        self.model = Model(config, dtype)
+        self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings,
+                                      config.rope_theta, config.rope_scaling)
+        self.lm_head = None if config.tie_word_embeddings else Linear(
+            config.hidden_size, config.vocab_size, False, dtype)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                kv_caches: list[LayerKVCache]) -> torch.Tensor:
+        if len(kv_caches) != len(self.model.layers):
+            raise ValueError(f"need {len(self.model.layers)} layer KV caches, got {len(kv_caches)}")
+        h, residual = self.model.embed_tokens(input_ids), None
+        for layer, cache in zip(self.model.layers, kv_caches):
+            h, residual = layer(positions, h, residual, self.rotary, cache, meta)
+        h, _ = self.model.norm(h, residual)
+        return h
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    def _weight_table(self) -> dict[str, tuple[nn.Parameter, int, int]]:
+        """HF name -> (parameter, row offset, rows) for every weight the model needs."""
+        table = {}
+        for name, param in self.named_parameters():
+            prefix, _, fused = name.rpartition(".")[0].rpartition(".")
+            if fused not in FUSED:
+                table[name] = (param, 0, param.shape[0])
+                continue
+            kind, offset = name.rpartition(".")[2], 0
+            for part, rows in zip(FUSED[fused], self.get_submodule(prefix).shard_sizes()):
+                table[f"{prefix}.{part}.{kind}"] = (param, offset, rows)
+                offset += rows
+        return table
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        table, loaded, unknown = self._weight_table(), set(), []
+        for name, tensor in weights:
+            entry = table.get(name)
+            if entry is None:
+                if not (name.endswith("rotary_emb.inv_freq")
+                        or (name == "lm_head.weight" and self.lm_head is None)):
+                    unknown.append(name)
+                continue
+            param, offset, rows = entry
+            dst = param.data.narrow(0, offset, rows)
+            if tuple(dst.shape) != tuple(tensor.shape):
+                raise ValueError(f"weight {name}: shape {tuple(tensor.shape)}, expected {tuple(dst.shape)}")
+            dst.copy_(tensor)
+            loaded.add(name)
+        missing = sorted(set(table) - loaded)
+        if unknown or missing:
+            raise ValueError(f"weights do not match the {self.config.architecture} model: "
+                             f"unknown {unknown[:20]}{'...' if len(unknown) > 20 else ''}, "
+                             f"missing {missing[:20]}{'...' if len(missing) > 20 else ''}")

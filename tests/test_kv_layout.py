@@ -1,0 +1,104 @@
+import pytest
+import torch
+
+from everybyte.formats import nvfp4
+from everybyte.formats.kv_layout import KV_CACHE_DTYPES, get_kv_format
+
+NB, BS, H, D = 6, 4, 3, 64
+
+
+def _filled(fmt, seed=0):
+    torch.manual_seed(seed)
+    store = fmt.allocate(NB, BS, H, D, "cpu")
+    x = torch.randn(NB * BS, H, D) * 2.0
+    fmt.write(store, torch.arange(NB * BS), x, fmt.default_scale)
+    return store, x
+
+
+@pytest.mark.parametrize("name,expected", [("fp32", 768), ("fp16", 384), ("bf16", 384),
+                                           ("fp8", 192), ("nvfp4", 108)])
+def test_bytes_per_token_exact(name, expected):
+    fmt = get_kv_format(name)
+    assert fmt.bytes_per_token(H, D) == expected
+    store = fmt.allocate(NB, BS, H, D, "cpu")
+    total = sum(t.numel() * t.element_size() for t in store.values())
+    assert total == NB * BS * expected
+    assert all(t.shape[:3] == (NB, BS, H) for t in store.values())
+
+
+def test_capacity_ratios():
+    fp16, fp8, fp4 = (get_kv_format(n) for n in ("fp16", "fp8", "nvfp4"))
+    assert fp4.bytes_per_token(1, 64) == 36 and fp4.bytes_per_token(1, 128) == 72
+    assert fp16.bytes_per_token(1, 128) / fp4.bytes_per_token(1, 128) >= 3.5
+    assert fp16.bytes_per_token(8, 64) / fp4.bytes_per_token(8, 64) == pytest.approx(128 / 36)
+    assert fp8.bytes_per_token(8, 128) / fp4.bytes_per_token(8, 128) == pytest.approx(128 / 72)
+
+
+def test_unknown_format_and_bad_head_dim():
+    with pytest.raises(ValueError, match="nvfp4"):
+        get_kv_format("int3")
+    with pytest.raises(ValueError, match="head_dim"):
+        get_kv_format("nvfp4").allocate(1, 4, 1, 40, "cpu")
+    assert set(KV_CACHE_DTYPES) == {"fp32", "fp16", "bf16", "fp8", "nvfp4"}
+
+
+@pytest.mark.parametrize("name,tol", [("fp32", 0.0), ("fp16", 1e-3), ("bf16", 8e-3),
+                                      ("fp8", 0.07), ("nvfp4", 0.2)])
+def test_round_trip(name, tol):
+    fmt = get_kv_format(name)
+    store, x = _filled(fmt)
+    y = fmt.read(store, torch.arange(NB), fmt.default_scale, torch.float32).reshape(-1, H, D)
+    err = (y - x).norm() / x.norm()
+    assert err <= tol
+    if name == "fp32":
+        assert torch.equal(y, x)
+
+
+def test_nvfp4_cache_holds_the_codec_bytes():
+    fmt = get_kv_format("nvfp4")
+    store, x = _filled(fmt)
+    s = fmt.default_scale
+    packed, scales = nvfp4.quantize_blocks(x, s)
+    assert torch.equal(store["data"].view(-1, H, D // 2), packed)
+    assert torch.equal(store["scales"].view(-1, H, D // 16).view(torch.uint8), scales.view(torch.uint8))
+    y = fmt.read(store, torch.arange(NB), s, torch.float32).reshape(-1, H, D)
+    assert torch.equal(y, nvfp4.dequantize_blocks(packed, scales, s, torch.float32))
+
+
+@pytest.mark.parametrize("name", KV_CACHE_DTYPES)
+def test_write_skips_negative_slots_and_read_gathers(name):
+    fmt = get_kv_format(name)
+    store = fmt.allocate(NB, BS, H, D, "cpu")
+    x = torch.randn(5, H, D)
+    slots = torch.tensor([2 * BS + 1, -1, 0, -1, 5 * BS + 3])
+    fmt.write(store, slots, x, 0.5)
+    flat = fmt.read(store, torch.arange(NB), 0.5, torch.float32).reshape(-1, H, D)
+    written = {2 * BS + 1: 0, 0: 2, 5 * BS + 3: 4}
+    for slot in range(NB * BS):
+        if slot not in written:
+            assert not flat[slot].any()
+    for slot, i in written.items():  # same values as that token written alone
+        single = fmt.allocate(1, 1, H, D, "cpu")
+        fmt.write(single, torch.tensor([0]), x[i:i + 1], 0.5)
+        assert torch.equal(flat[slot], fmt.read(single, torch.tensor([0]), 0.5, torch.float32)[0, 0])
+    y = fmt.read(store, torch.tensor([[2, 0], [5, 5]]), 0.5, torch.float32)
+    assert y.shape == (2, 2, BS, H, D)
+    assert torch.equal(y[0, 0, 1], flat[2 * BS + 1]) and torch.equal(y[1, 1, 3], flat[5 * BS + 3])
+    assert torch.equal(y[0, 1, 0], flat[0])
+
+
+def test_read_dtype():
+    for name in KV_CACHE_DTYPES:
+        fmt = get_kv_format(name)
+        store, _ = _filled(fmt)
+        assert fmt.read(store, torch.arange(2), fmt.default_scale, torch.bfloat16).dtype == torch.bfloat16
+
+
+def test_fp8_scale_extends_range():
+    fmt = get_kv_format("fp8")
+    x = torch.linspace(-2000, 2000, H * D).view(1, H, D)
+    store = fmt.allocate(1, 1, H, D, "cpu")
+    scale = fmt.scale_for_amax(2000.0)
+    fmt.write(store, torch.tensor([0]), x, scale)
+    y = fmt.read(store, torch.tensor([0]), scale, torch.float32)[0, 0]
+    assert ((y - x[0]).abs() <= x[0].abs() * 0.0625 + 1e-6 + 2000 / 448 * 2 ** -9).all()

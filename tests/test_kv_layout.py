@@ -2,6 +2,8 @@ import pytest
 import torch
 
 from everybyte.formats import nvfp4
+from everybyte.formats.kv_layout import hadamard
+from everybyte.formats.nvfp4_kv import quantize_blocks_best_scale
 from everybyte.formats.kv_layout import KV_CACHE_DTYPES, get_kv_format
 
 NB, BS, H, D = 6, 4, 3, 64
@@ -58,11 +60,35 @@ def test_nvfp4_cache_holds_the_codec_bytes():
     fmt = get_kv_format("nvfp4")
     store, x = _filled(fmt)
     s = fmt.default_scale
-    packed, scales = nvfp4.quantize_blocks(x, s)
+    packed, scales = quantize_blocks_best_scale(x, s)
     assert torch.equal(store["data"].view(-1, H, D // 2), packed)
     assert torch.equal(store["scales"].view(-1, H, D // 16).view(torch.uint8), scales.view(torch.uint8))
     y = fmt.read(store, torch.arange(NB), s, torch.float32).reshape(-1, H, D)
     assert torch.equal(y, nvfp4.dequantize_blocks(packed, scales, s, torch.float32))
+
+
+def test_best_scale_is_standard_nvfp4_and_never_worse():
+    """Each block keeps the amax/6 (standard) or amax/4 scale, whichever is closer: ordinary
+    NVFP4 bytes, and per block never a larger squared error than the standard encoding."""
+    x = torch.randn(64, 3, 64) * torch.rand(64, 3, 1) * 5
+    s = 1 / 448
+    std = nvfp4.dequantize_blocks(*nvfp4.quantize_blocks(x, s), s).reshape(-1, 16)
+    packed, scales = quantize_blocks_best_scale(x, s)
+    best = nvfp4.dequantize_blocks(packed, scales, s).reshape(-1, 16)
+    xb = x.reshape(-1, 16)
+    err_std, err_best = (std - xb).square().sum(-1), (best - xb).square().sum(-1)
+    assert bool((err_best <= err_std + 1e-12).all())
+    assert err_best.sum() < err_std.sum()
+    same = scales.reshape(-1).view(torch.uint8) == nvfp4.quantize_blocks(x, s)[1].reshape(-1).view(torch.uint8)
+    assert bool(same[err_best == err_std].all())
+
+
+def test_hadamard_is_orthonormal():
+    for n in (16, 64, 128):
+        h = hadamard(n)
+        assert torch.allclose(h @ h, torch.eye(n), atol=1e-6) and torch.equal(h, h.T)
+    with pytest.raises(ValueError):
+        hadamard(48)
 
 
 @pytest.mark.parametrize("name", KV_CACHE_DTYPES)

@@ -7,12 +7,14 @@ stored value * scale ~= x); float formats ignore it.
 """
 from __future__ import annotations
 
+import functools
 import math
 from abc import ABC, abstractmethod
 
 import torch
 
 from everybyte.formats import fp8, nvfp4
+from everybyte.formats.nvfp4_kv import quantize_blocks_best_scale
 
 KV_CACHE_DTYPES = ("fp32", "fp16", "bf16", "fp8", "nvfp4")
 
@@ -20,9 +22,24 @@ FP8_MAX = 448.0
 NVFP4_MAX = 6.0 * 448.0
 
 
+@functools.lru_cache(maxsize=16)
+def hadamard(n: int, dtype: torch.dtype = torch.float32, device: str = "cpu") -> torch.Tensor:
+    """The normalized Sylvester Hadamard matrix (symmetric, orthonormal: H @ H = I); n a power of 2."""
+    if n < 1 or n & (n - 1):
+        raise ValueError(f"Hadamard size must be a power of 2, got {n}")
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return (h / math.sqrt(n)).to(dtype=dtype, device=device)
+
+
 class KVFormat(ABC):
     name: str = ""
     default_scale: float = 1.0
+    # Store K and V rotated by a Hadamard matrix over head_dim (queries rotated alike, outputs
+    # rotated back): outlier channels spread over the whole vector instead of coarsening the
+    # 16-value blocks they fall in. Exact in real arithmetic since H is orthonormal.
+    rotate: bool = False
 
     def bytes_per_token(self, num_kv_heads: int, head_dim: int) -> int:
         """Bytes for K *or* V of one token in one layer."""
@@ -106,9 +123,12 @@ class FP8KV(KVFormat):
 class NVFP4KV(KVFormat):
     """Packed E2M1 pairs (low nibble first) + an E4M3 scale per 16 head_dim values of one token of
     one KV head + the per-layer FP32 scale (decode form). The default scale, 448/2688, covers the
-    same +-448 range as fp8 at scale 1."""
+    same +-448 range as fp8 at scale 1. Values are Hadamard-rotated (see KVFormat.rotate) and each
+    block takes the better of the amax/6 and amax/4 scales (formats.nvfp4_kv); both measured on
+    SmolLM2-135M to cut the perplexity cost of nvfp4 KV roughly in half."""
     name = "nvfp4"
     default_scale = FP8_MAX / NVFP4_MAX
+    rotate = True
 
     def _fields(self, num_kv_heads, head_dim):
         if head_dim % 16:
@@ -120,7 +140,7 @@ class NVFP4KV(KVFormat):
         return max(float(amax), 1e-12) / NVFP4_MAX
 
     def encode(self, x, scale):
-        packed, scales = nvfp4.quantize_blocks(x, scale)
+        packed, scales = quantize_blocks_best_scale(x, scale)
         return {"data": packed, "scales": scales}
 
     def decode(self, parts, scale, dtype):

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from everybyte.formats.kv_layout import KVFormat
+from everybyte.formats.kv_layout import KVFormat, hadamard
 
 
 @dataclass
@@ -32,6 +32,14 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: La
                     meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]. Stores k/v at meta.slot_mapping, then each
     sequence's new queries attend causally over its whole context read back from the cache."""
+    head_dim = q.shape[-1]
+    if cache.fmt.rotate and head_dim & (head_dim - 1) == 0:
+        h = hadamard(head_dim, q.dtype, str(q.device))
+        return _attend(q @ h, k @ h, v @ h, cache, meta, scale) @ h
+    return _attend(q, k, v, cache, meta, scale)
+
+
+def _attend(q, k, v, cache: LayerKVCache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
     cache.fmt.write(cache.k, meta.slot_mapping, k, cache.k_scale)
     cache.fmt.write(cache.v, meta.slot_mapping, v, cache.v_scale)
     plan = meta.derived.get("plan")

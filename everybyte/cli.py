@@ -17,6 +17,7 @@ COMMANDS = {
 BENCHMARKS = {
     "formats": ("everybyte.bench.formats", "NVFP4/FP8 quantize and dequantize throughput vs copy"),
     "engine": ("everybyte.bench.engine", "prefill and decode tokens/s vs transformers"),
+    "serve": ("everybyte.bench.serve", "the same 64-client workload over HTTP and in process"),
     "kv-quality": ("everybyte.bench.kv_quality", "perplexity and speed per KV cache format"),
     "agentic": ("everybyte.bench.agentic", "replay recorded agent sessions against an endpoint or the embedded engine"),
 }

@@ -164,11 +164,55 @@ def test_api_key_queue_limit_and_sigterm():
         auth = {"authorization": "Bearer sekrit"}
         assert _post(s, "/v1/completions", {"prompt": "hi", "max_tokens": 2}, headers=auth).status_code == 200
         with httpx.stream("POST", s.url + "/v1/completions", headers=auth, timeout=60,
-                          json={"prompt": "Tell a long story.", "max_tokens": 300, "ignore_eos": True,
+                          json={"prompt": "Tell a long story.", "max_tokens": 1000, "ignore_eos": True,
                                 "stream": True}) as r:
-            first = next(r.iter_lines())
+            lines = r.iter_lines()
+            first = next(lines)
             assert first.startswith("data:") and "error" not in first, first
+            assert s.metric("everybyte:num_requests_running") == 1
             busy = _post(s, "/v1/completions", {"prompt": "hi", "max_tokens": 2}, headers=auth)
-            assert busy.status_code == 429 and busy.headers.get("retry-after")
+            assert busy.status_code == 429 and busy.headers.get("retry-after"), (busy.text, next(lines))
     finally:
         assert s.stop() == 0
+
+
+def test_cached_tokens_on_a_repeated_prefix(client):
+    prefix = "You are a careful assistant. Answer in one short sentence. " * 6
+    client.completions.create(model="smol", prompt=prefix + "What is 2+2?", max_tokens=2, temperature=0)
+    r = client.completions.create(model="smol", prompt=prefix + "What is 3+3?", max_tokens=2, temperature=0)
+    assert r.usage.prompt_tokens_details.cached_tokens >= 32
+
+
+def test_sessions_park_resume_delete(server, client):
+    msgs = [{"role": "system", "content": "You are a coding agent. " * 8},
+            {"role": "user", "content": "List the files in the repository."}]
+    r = client.chat.completions.create(model="smol", messages=msgs, max_tokens=6, temperature=0,
+                                       extra_body={"session_id": "agent-42"})
+    assert r.choices[0].message.content is not None
+    info = httpx.get(server.url + "/v1/sessions/agent-42").json()
+    assert info["state"] == "active" and info["blocks"]["G1"] > 0
+    parked = _post(server, "/v1/sessions/agent-42/park", {"expected_gap_s": 20}).json()
+    assert parked["state"] == "parked" and parked["blocks"]["G1"] == 0 and parked["blocks"]["G2"] > 0
+    msgs += [{"role": "assistant", "content": r.choices[0].message.content},
+             {"role": "user", "content": "Tool result: README.md setup.py src/"}]
+    r2 = client.chat.completions.create(model="smol", messages=msgs, max_tokens=6, temperature=0,
+                                        extra_headers={"X-Session-Id": "agent-42"})
+    assert r2.usage.prompt_tokens_details.cached_tokens > 0
+    _post(server, "/v1/sessions/agent-42/park", b"")
+    resumed = _post(server, "/v1/sessions/agent-42/resume", b"").json()
+    assert resumed["state"] == "active" and resumed["blocks"]["G1"] > 0
+    assert httpx.delete(server.url + "/v1/sessions/agent-42").json()["deleted"] is True
+    e = _err(httpx.get(server.url + "/v1/sessions/agent-42"), 404)
+    assert e["code"] == "session_not_found"
+    _err(_post(server, "/v1/sessions/nobody/park", b""), 404)
+    _err(_post(server, "/v1/sessions/agent-42/park", {"expected_gap_s": -1}), 400)
+    text = httpx.get(server.url + "/metrics").text
+    assert 'everybyte:g1_bytes{category="weights"}' in text and "everybyte:tier_bytes_used" in text
+
+
+def test_tokenize_and_return_token_ids(server):
+    ids = _post(server, "/tokenize", {"prompt": "hello world", "add_special_tokens": False}).json()["tokens"]
+    assert _post(server, "/detokenize", {"tokens": ids}).json()["prompt"] == "hello world"
+    r = _post(server, "/v1/completions", {"prompt": ids, "max_tokens": 5, "temperature": 0,
+                                          "return_token_ids": True}).json()
+    assert len(r["choices"][0]["token_ids"]) == 5

@@ -139,6 +139,22 @@ class PrefixCache:
             self.empty.append(out[-1][0])
         return out
 
+    def evict_blocks(self, block_ids: Iterable[int]) -> list[tuple[int, bytes]]:
+        """Evict these cached (unreferenced) blocks now, e.g. a parked session's; returns (id, name)."""
+        out = []
+        for b in block_ids:
+            if self.ref[b] == 0 and self.names[b] is not None:
+                self.policy.remove(b)
+                if self.on_evict is not None:
+                    try:
+                        self.on_evict(b, self.names[b])
+                    except Exception:
+                        log.exception("on_evict failed for block %d; its content is dropped", b)
+                self.stats["evictions"] += 1
+                out.append((b, self._forget(b)))
+                self.empty.append(b)
+        return out
+
     def _forget(self, block_id: int) -> bytes | None:
         name = self.names[block_id]
         self.names[block_id] = None

@@ -12,8 +12,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from everybyte.engine.sampling_params import SamplingParams
 from everybyte.serve.async_engine import AsyncEngine, QueueFull
 from everybyte.serve.metrics import ServerMetrics
-from everybyte.serve.protocol import (APIError, ChatCompletionRequest, CompletionRequest, new_id, now,
-                                      usage)
+from everybyte.serve.protocol import (APIError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
+                                      TokenizeRequest, new_id, now, usage)
 from everybyte.serve.streams import ResponseWriter
 from everybyte.serve.state import ServerConfig, ServerState
 
@@ -70,7 +70,8 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics():
-        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        stats = await state.engine.call(lambda e: e.stats()) if state.engine.error is None else {}
+        return Response(state.metrics.render(stats), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/v1/models")
     async def models():
@@ -88,6 +89,7 @@ def create_app(state: ServerState) -> FastAPI:
         session = body.session_id or request.headers.get("x-session-id")
         jobs = [(ids, _params(state, body, ids, body.logprobs, default_max=16)) for ids in prompts]
         writer = ResponseWriter(state, "text_completion", new_id("cmpl"), session)
+        writer.return_token_ids = body.return_token_ids
         if body.stream:
             return _sse(state, writer.stream(jobs[0], body.stream_options, request))
         return await writer.complete(jobs, request)
@@ -107,12 +109,67 @@ def create_app(state: ServerState) -> FastAPI:
         n_lp = (body.top_logprobs or 0) if body.logprobs else None
         session = body.session_id or request.headers.get("x-session-id")
         job = (ids, _params(state, body, ids, n_lp, default_max=None))
-        writer = ResponseWriter(state, "chat.completion", new_id("chatcmpl"), session)
+        writer = ResponseWriter(state, "chat.completion", new_id("chatcmpl"), session, tools=bool(body.tools))
+        writer.return_token_ids = body.return_token_ids
         if body.stream:
             return _sse(state, writer.stream(job, body.stream_options, request))
         return await writer.complete([job], request)
 
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        _check_model(cfg, body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError(400, "give exactly one of prompt or messages", param="prompt")
+        if body.messages is not None:
+            text = state.tokenizer.apply_chat_template([{"role": m.role, "content": m.text()} for m in body.messages])
+            ids = state.tokenizer.encode(text, add_special_tokens=False)
+        else:
+            ids = state.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        return {"tokens": ids, "count": len(ids), "max_model_len": cfg.max_model_len}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        _check_model(cfg, body.model)
+        bad = [t for t in body.tokens if not 0 <= t < cfg.vocab_size]
+        if bad:
+            raise APIError(400, f"token id {bad[0]} is outside the vocabulary [0, {cfg.vocab_size})", param="tokens")
+        return {"prompt": state.tokenizer.decode(body.tokens, skip_special_tokens=False)}
+
+    @app.post("/v1/sessions/{session_id}/park")
+    async def park(session_id: str, request: Request):
+        gap = None
+        if await request.body():
+            try:
+                gap = (await request.json()).get("expected_gap_s")
+            except (ValueError, AttributeError):
+                raise APIError(400, "body must be a JSON object like {\"expected_gap_s\": 30}", param=None)
+            if gap is not None and (not isinstance(gap, (int, float)) or gap < 0):
+                raise APIError(400, f"expected_gap_s must be a number >= 0, got {gap!r}", param="expected_gap_s")
+        return await _session_call(state, session_id, lambda e: e.park(session_id, expected_gap_s=gap))
+
+    @app.post("/v1/sessions/{session_id}/resume")
+    async def resume(session_id: str):
+        return await _session_call(state, session_id, lambda e: e.resume(session_id))
+
+    @app.delete("/v1/sessions/{session_id}")
+    async def drop(session_id: str):
+        return await _session_call(state, session_id, lambda e: e.drop(session_id), deleted=True)
+
+    @app.get("/v1/sessions/{session_id}")
+    async def session_info(session_id: str):
+        return await _session_call(state, session_id, lambda e: e.session_info(session_id))
+
     return app
+
+
+async def _session_call(state: ServerState, session_id: str, fn, deleted: bool = False) -> dict:
+    try:
+        await state.engine.call(fn)
+        info = {"deleted": True} if deleted else await state.engine.call(lambda e: e.session_info(session_id))
+    except KeyError:
+        raise APIError(404, f"session {session_id!r} does not exist", param="session_id",
+                       code="session_not_found")
+    return {"id": session_id, "object": "session", **info}
 
 
 def _record(state: ServerState, endpoint: str, response):

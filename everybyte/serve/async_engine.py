@@ -28,6 +28,7 @@ class _Pending:
     params: SamplingParams
     queue: asyncio.Queue
     loop: asyncio.AbstractEventLoop
+    session_id: str | None = None
 
 
 class AsyncEngine:
@@ -38,6 +39,7 @@ class AsyncEngine:
         self._wake = threading.Event()
         self._inbox: list[_Pending] = []
         self._aborts: list[str] = []
+        self._calls: list[tuple] = []
         self._streams: dict[str, _Pending] = {}
         self._stopping = False
         self.error: BaseException | None = None
@@ -53,14 +55,13 @@ class AsyncEngine:
         if self.num_in_flight >= self.max_queue:
             raise QueueFull(f"{self.max_queue} requests already in flight")
 
-    def stats(self) -> dict:
-        return self.engine.stats() if hasattr(self.engine, "stats") else {}
-
-    async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams):
+    async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                       session_id: str | None = None):
         """Yields cumulative RequestOutputs; the last one has finish_reason set."""
         if self.error is not None:
             raise RuntimeError(f"engine loop stopped: {self.error!r}")
-        p = _Pending(request_id, prompt_token_ids, params, asyncio.Queue(), asyncio.get_running_loop())
+        p = _Pending(request_id, prompt_token_ids, params, asyncio.Queue(), asyncio.get_running_loop(),
+                     session_id)
         with self._lock:
             if self._stopping:
                 raise RuntimeError("server is shutting down")
@@ -81,6 +82,24 @@ class AsyncEngine:
         finally:
             if not finished:
                 self.abort(request_id)
+
+    async def call(self, fn):
+        """Run fn(engine) on the engine thread between steps; returns its result or raises."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        with self._lock:
+            self._calls.append((fn, fut, loop))
+        self._wake.set()
+        return await fut
+
+    def call_soon(self, fn) -> None:
+        """Fire-and-forget fn(engine) on the engine thread (errors are logged)."""
+        with self._lock:
+            self._calls.append((fn, None, None))
+        self._wake.set()
+
+    def park(self, session_id: str) -> None:
+        self.call_soon(lambda e: e.park(session_id))
 
     def abort(self, request_id: str) -> None:
         with self._lock:
@@ -103,9 +122,20 @@ class AsyncEngine:
         with self._lock:
             inbox, self._inbox = self._inbox, []
             aborts, self._aborts = self._aborts, []
+            calls, self._calls = self._calls, []
+        for fn, fut, loop in calls:
+            try:
+                result, error = fn(self.engine), None
+            except Exception as e:
+                result, error = None, e
+                if fut is None:
+                    log.warning("engine call failed: %r", e)
+            if fut is not None:
+                loop.call_soon_threadsafe(_settle, fut, result, error)
         for p in inbox:
             try:
-                self.engine.add_request(p.prompt_token_ids, p.params, request_id=p.request_id)
+                self.engine.add_request(p.prompt_token_ids, p.params, request_id=p.request_id,
+                                        session_id=p.session_id)
                 self._streams[p.request_id] = p
             except Exception as e:  # bad input that slipped past the API checks
                 p.loop.call_soon_threadsafe(p.queue.put_nowait, e)
@@ -141,3 +171,12 @@ class AsyncEngine:
                 streams = list(self._streams.values()) + self._inbox
             for p in streams:
                 p.loop.call_soon_threadsafe(p.queue.put_nowait, RuntimeError(f"engine failed: {e!r}"))
+
+
+def _settle(fut: asyncio.Future, result, error) -> None:
+    if fut.done():
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(result)

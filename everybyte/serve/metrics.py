@@ -1,8 +1,6 @@
 """Prometheus metrics for the server, under the `everybyte:` prefix (vLLM-style names)."""
 from __future__ import annotations
 
-from typing import Callable
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, CounterMetricFamily
 
@@ -10,8 +8,12 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 
 
 class ServerMetrics:
-    def __init__(self, engine_stats: Callable[[], dict]):
+    """`render(engine_stats)` takes a stats snapshot made on the engine thread (the engine is
+    not thread-safe), so scrapes never read half-updated bookkeeping."""
+
+    def __init__(self):
         self.registry = CollectorRegistry()
+        self.snapshot: dict = {}
         r = self.registry
         self.requests = Counter("everybyte:requests", "HTTP requests by endpoint and status",
                                 ["endpoint", "status"], registry=r)
@@ -25,9 +27,10 @@ class ServerMetrics:
                              buckets=_LATENCY_BUCKETS, registry=r)
         self.prompt_tokens = Counter("everybyte:prompt_tokens", "prompt tokens received", registry=r)
         self.generation_tokens = Counter("everybyte:generation_tokens", "tokens generated", registry=r)
-        r.register(_EngineCollector(engine_stats))
+        r.register(_EngineCollector(lambda: self.snapshot))
 
-    def render(self) -> bytes:
+    def render(self, engine_stats: dict) -> bytes:
+        self.snapshot = engine_stats
         return generate_latest(self.registry)
 
 
@@ -52,13 +55,33 @@ class _EngineCollector:
                                ("prefix_cache_hits", "prefix_cache_hits", "prompt tokens found in the prefix cache")):
             if key in s:
                 yield CounterMetricFamily(f"everybyte:{name}", doc, value=s[key])
-        ledger = s.get("ledger", {}).get("g1", {})
+        pool = s.get("kv_pool", {})
+        if pool:
+            yield GaugeMetricFamily("everybyte:kv_cache_budget_bytes", "device KV cache budget", value=pool["budget_bytes"])
+        mem = s.get("memory", {})
+        ledger = mem.get("g1", {})
         if ledger:
             g = GaugeMetricFamily("everybyte:g1_bytes", "device bytes by ledger category", labels=["category"])
             for cat, v in ledger.items():
-                g.add_metric([cat], v)
+                if cat != "total":
+                    g.add_metric([cat], v)
             yield g
-        tiers = s.get("tiers", {})
+        prefill = mem.get("prefill_tokens", {})
+        if prefill:
+            c = CounterMetricFamily("everybyte:prefill_tokens", "prompt tokens computed or reused, by tier",
+                                    labels=["source"])
+            c.add_metric(["computed"], prefill.get("computed", 0))
+            for tier, v in prefill.get("reused", {}).items():
+                c.add_metric([tier], v)
+            yield c
+        blocks = mem.get("blocks", {})
+        if blocks:
+            c = CounterMetricFamily("everybyte:kv_block_events", "KV block events (evicted, parked, prestaged, "
+                                    "loaded, corrupt, dropped)", labels=["event"])
+            for event, v in blocks.items():
+                c.add_metric([event], v)
+            yield c
+        tiers = mem.get("tiers", {})
         if tiers:
             used = GaugeMetricFamily("everybyte:tier_bytes_used", "bytes held per KV tier", labels=["tier"])
             cap = GaugeMetricFamily("everybyte:tier_bytes_capacity", "capacity per KV tier", labels=["tier"])
@@ -67,11 +90,11 @@ class _EngineCollector:
                 cap.add_metric([tier], t.get("capacity_bytes", 0))
             yield used
             yield cap
-        moved = s.get("bytes_moved", {})
+        moved = mem.get("bytes_moved", {})
         if moved:
             c = CounterMetricFamily("everybyte:kv_bytes_moved", "KV bytes moved per tier and direction",
                                     labels=["tier", "direction"])
-            for key, v in moved.items():
-                tier, _, direction = key.partition(":")
-                c.add_metric([tier, direction or "unknown"], v)
+            for tier, directions in moved.items():
+                for direction, v in directions.items():
+                    c.add_metric([tier, direction], v)
             yield c

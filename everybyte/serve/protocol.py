@@ -44,6 +44,7 @@ class _Request(BaseModel):
     frequency_penalty: float = Field(default=0.0, ge=0.0, le=0.0)
     user: Optional[str] = None
     session_id: Optional[str] = Field(default=None, max_length=256)
+    return_token_ids: bool = False    # vLLM-compatible: the generated token ids in each choice
 
 
 class CompletionRequest(_Request):
@@ -93,3 +94,17 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
             "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: Optional[str] = None
+    prompt: Optional[str] = None
+    messages: Optional[list[ChatMessage]] = None
+    add_special_tokens: bool = True
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: Optional[str] = None
+    tokens: list[int]

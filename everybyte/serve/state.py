@@ -24,5 +24,11 @@ class ServerState:
         self.config = config
         self.tokenizer = tokenizer
         self.engine = AsyncEngine(engine, max_queue=config.max_queue)
-        self.metrics = ServerMetrics(self.engine.stats)
+        self.metrics = ServerMetrics()
         self.started = int(time.time())
+
+    def after_turn(self, session_id: str | None, finish_reason: str | None) -> None:
+        """A chat turn that ends in tool calls means the agent goes off to run a tool: park its
+        session so its KV leaves the device until the next turn."""
+        if session_id and finish_reason == "tool_calls" and self.config.auto_park:
+            self.engine.park(session_id)

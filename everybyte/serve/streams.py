@@ -7,11 +7,14 @@ import time
 
 from everybyte.serve.async_engine import QueueFull
 from everybyte.serve.protocol import APIError, new_id, now, usage
+from everybyte.serve.tool_calls import parse_tool_calls, visible_prefix
 
 
 class ResponseWriter:
-    def __init__(self, state, object_: str, response_id: str, session_id: str | None):
+    def __init__(self, state, object_: str, response_id: str, session_id: str | None, tools: bool = False):
         self.state, self.object, self.id, self.session_id = state, object_, response_id, session_id
+        self.tools = tools
+        self.return_token_ids = False
         self.chat = object_ == "chat.completion"
         self.model = state.config.model_name
 
@@ -21,7 +24,7 @@ class ResponseWriter:
         m = self.state.metrics
         m.prompt_tokens.inc(len(ids))
         try:
-            gen = self.state.engine.generate(rid, ids, params)
+            gen = self.state.engine.generate(rid, ids, params, self.session_id)
             async for out in gen:
                 t = time.monotonic()
                 n_new = len(out.token_ids) - (0 if last is None else len(last.token_ids))
@@ -80,11 +83,17 @@ class ResponseWriter:
         for i, ((ids, _), out) in enumerate(zip(jobs, outs)):
             n_prompt, n_out, n_cached = n_prompt + len(ids), n_out + len(out.token_ids), n_cached + self._cached(out)
             if self.chat:
-                choices.append({"index": i, "message": {"role": "assistant", "content": out.text},
-                                "logprobs": self._logprobs(out), "finish_reason": out.finish_reason})
+                content, calls = parse_tool_calls(out.text) if self.tools else (out.text, [])
+                message = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
+                finish = "tool_calls" if calls else out.finish_reason
+                self.state.after_turn(self.session_id, finish)
+                choices.append({"index": i, "message": message, "logprobs": self._logprobs(out),
+                                "finish_reason": finish})
             else:
                 choices.append({"index": i, "text": out.text, "logprobs": self._logprobs(out),
                                 "finish_reason": out.finish_reason})
+            if self.return_token_ids:
+                choices[-1]["token_ids"] = list(out.token_ids)
         return {"id": self.id, "object": self.object, "created": now(), "model": self.model,
                 "choices": choices, "usage": usage(n_prompt, n_out, n_cached)}
 
@@ -94,11 +103,13 @@ class ResponseWriter:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         created = now()
 
-        def chunk(delta_or_text, finish_reason=None, logprobs=None):
+        def chunk(delta_or_text, finish_reason=None, logprobs=None, token_ids=None):
             if self.chat:
                 choice = {"index": 0, "delta": delta_or_text, "logprobs": logprobs, "finish_reason": finish_reason}
             else:
                 choice = {"index": 0, "text": delta_or_text, "logprobs": logprobs, "finish_reason": finish_reason}
+            if self.return_token_ids and token_ids is not None:
+                choice["token_ids"] = token_ids
             body = {"id": self.id, "object": obj, "created": created, "model": self.model, "choices": [choice]}
             if include_usage:
                 body["usage"] = None
@@ -110,11 +121,24 @@ class ResponseWriter:
                 yield chunk({"role": "assistant", "content": ""})
             async for out in self._outputs(ids, params, 0):
                 last = out
-                text = out.text
+                text = visible_prefix(out.text) if self.tools and not out.finished else out.text
+                calls = []
+                if self.tools and out.finished:
+                    content, calls = parse_tool_calls(out.text)
+                    text = (content or "") if calls else out.text
                 delta = text[len(sent_text):] if text.startswith(sent_text) else ""
-                if delta or out.finished:
+                if calls:
+                    if delta:
+                        yield chunk({"content": delta})
+                    delta_calls = [{"index": k, **c} for k, c in enumerate(calls)]
+                    self.state.after_turn(self.session_id, "tool_calls")
+                    yield chunk({"tool_calls": delta_calls}, "tool_calls", None, out.token_ids[sent_tokens:])
+                elif delta or out.finished:
                     lp = self._logprobs(out, sent_tokens)
-                    yield chunk({"content": delta} if self.chat else delta, out.finish_reason, lp)
+                    if out.finished and self.chat:
+                        self.state.after_turn(self.session_id, out.finish_reason)
+                    yield chunk({"content": delta} if self.chat else delta, out.finish_reason, lp,
+                                out.token_ids[sent_tokens:])
                     sent_text, sent_tokens = sent_text + delta, len(out.token_ids)
             if include_usage and last is not None:
                 body = {"id": self.id, "object": obj, "created": created, "model": self.model, "choices": [],

@@ -1,0 +1,77 @@
+"""Engine options (the knobs of LLM(...) and `everybyte generate`)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from everybyte.formats.kv_layout import KV_CACHE_DTYPES
+from everybyte.kv.pool import parse_size
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+          "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
+
+
+def default_dtype(device: str) -> torch.dtype:
+    """bf16 where matmuls have native bf16 support (CUDA, AVX512-BF16/AMX CPUs), else fp32."""
+    if str(device).startswith("cuda"):
+        return torch.bfloat16
+    return torch.bfloat16 if _cpu_has_bf16() else torch.float32
+
+
+def _cpu_has_bf16() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+        return " avx512_bf16" in flags or " amx_bf16" in flags
+    except OSError:
+        return False
+
+
+def resolve_dtype(dtype, device: str = "cpu") -> torch.dtype:
+    if dtype is None or dtype == "auto":
+        return default_dtype(device)
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def set_threads() -> None:
+    """All cores for intra-op parallelism unless the user pinned a thread count."""
+    if "OMP_NUM_THREADS" not in os.environ and "EVERYBYTE_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(os.cpu_count() or 1)
+    elif "EVERYBYTE_NUM_THREADS" in os.environ:
+        torch.set_num_threads(int(os.environ["EVERYBYTE_NUM_THREADS"]))
+
+
+@dataclass
+class EngineConfig:
+    kv_cache_dtype: str = "nvfp4"
+    kv_cache_bytes: int | str = "64MiB"
+    dtype: torch.dtype | str | None = None
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    max_model_len: int | None = None       # default: the model's context length
+    device: str = "cpu"
+    seed: int | None = None                # the sampler's generator for unseeded requests
+    kv_scale_headroom: float = 2.0
+    enable_prefix_caching: bool = True     # content-named blocks reused across requests (G1)
+    kv_tiers: str | None = "host:1GiB"     # tiers below G1, e.g. "host:2GiB,disk:/path:20GiB"; None/"none" = off
+    offload_on_park: bool = True           # a parked session's KV leaves G1 at once (to the first tier)
+
+    def __post_init__(self):
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"unknown kv_cache_dtype {self.kv_cache_dtype!r}; choose one of "
+                             f"{', '.join(KV_CACHE_DTYPES)}")
+        self.kv_cache_bytes = parse_size(self.kv_cache_bytes)
+        self.dtype = resolve_dtype(self.dtype, self.device)
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {getattr(self, name)!r}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len!r}")

@@ -1,0 +1,41 @@
+"""What a request gives back: text, token ids, why it stopped, logprobs and timings."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestMetrics:
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    token_times: list[float] = field(default_factory=list)   # wall time each output token appeared
+    num_preemptions: int = 0
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def inter_token_latencies(self) -> list[float]:
+        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None                   # "stop", "length", "abort" or None while running
+    logprobs: list[dict[int, float]] | None     # per output token: {chosen: lp, top-N...: lp}
+    metrics: RequestMetrics
+    stop_reason: str | int | None = None        # the stop string or stop token id that matched
+    num_cached_tokens: int = 0                  # prompt tokens reused from any KV tier
+    session_id: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

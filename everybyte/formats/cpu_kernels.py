@@ -1,0 +1,163 @@
+"""Fused CPU kernels for the NVFP4 block codec: one pass over the data, C built on first use.
+
+The eager torch reference (nvfp4_blocks) makes a dozen passes over memory; these kernels
+(source in nvfp4_c) do each block of 16 in registers with the same IEEE float32 steps (no FMA
+contraction, no fast-math; E4M3 and E2M1 rounding on the bit patterns, nearest, ties to even),
+so their bytes are the reference's (tests/test_nvfp4.py checks it). Built with the system C
+compiler (cc/gcc, OpenMP if it works, -march=native) into $EVERYBYTE_HOME/kernels (default
+~/.cache/everybyte/kernels), keyed by a hash of source, flags, compiler and CPU. `available()`
+is False when that fails (a warning says why); callers then use the reference.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+from everybyte.formats.nvfp4_c import SOURCE
+
+PARALLEL_MIN_BLOCKS = 1 << 14      # below this (256K values) one thread: no OpenMP wake-up latency
+FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC"]
+_lib: ctypes.CDLL | None = None
+_error: str | None = None
+_e4m3: torch.Tensor | None = None
+
+
+def _cache_dir() -> Path:
+    home = Path(os.environ.get("EVERYBYTE_HOME") or "~/.cache/everybyte").expanduser() / "kernels"
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        if os.access(home, os.W_OK):
+            return home
+    except OSError:
+        pass
+    return Path(tempfile.gettempdir()) / f"everybyte-kernels-{os.getuid()}"
+
+
+def _cpu_id() -> str:
+    """-march=native binaries are only valid on this kind of CPU: key the cache by its flags."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith(("flags", "Features"))), platform.processor())
+    except OSError:
+        return platform.machine() + platform.processor()
+
+
+def _build(cc: str, openmp: bool) -> Path:
+    flags = FLAGS + (["-fopenmp"] if openmp else [])
+    key = hashlib.sha256("\0".join([SOURCE, cc, *flags, _cpu_id()]).encode()).hexdigest()[:16]
+    target = _cache_dir() / f"nvfp4_{key}.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            src, lib = Path(tmp) / "nvfp4.c", Path(tmp) / "nvfp4.so"
+            src.write_text(SOURCE)
+            subprocess.run([cc, *flags, "-o", str(lib), str(src)], check=True, capture_output=True, timeout=120)
+            os.replace(lib, target)
+    return target
+
+
+def _load() -> ctypes.CDLL | None:
+    global _lib, _error, _e4m3
+    if _lib is not None or _error is not None:
+        return _lib
+    try:
+        cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+        if not cc:
+            raise RuntimeError("no C compiler (cc/gcc) on PATH")
+        try:
+            lib = ctypes.CDLL(str(_build(cc, openmp=True)))
+        except (subprocess.CalledProcessError, OSError):
+            lib = ctypes.CDLL(str(_build(cc, openmp=False)))
+        for name in ("init_tables", "quantize_f32", "quantize_bf16", "dequantize_f32", "dequantize_bf16"):
+            getattr(lib, name).restype = None
+        lib.absmax_f32.restype = lib.absmax_bf16.restype = ctypes.c_uint32
+        lib.init_tables()
+        _e4m3 = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float()
+        _lib = lib
+    except Exception as e:  # noqa: BLE001 - any failure means: use the reference path
+        _error = f"{type(e).__name__}: {e}"
+        warnings.warn(f"everybyte NVFP4 CPU kernels unavailable, using the torch reference ({_error})")
+    return _lib
+
+
+def available() -> bool:
+    return _load() is not None
+
+
+def error() -> str | None:
+    _load()
+    return _error
+
+
+def _require() -> ctypes.CDLL:
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(f"NVFP4 CPU kernels unavailable: {_error}")
+    return lib
+
+
+def _ptr(t: torch.Tensor) -> ctypes.c_void_p:
+    return ctypes.c_void_p(t.data_ptr())
+
+
+def _scale_arg(s: torch.Tensor) -> tuple[torch.Tensor, int]:
+    s = s.to(torch.float32).contiguous()
+    return s, (0 if s.numel() == 1 else 1)
+
+
+def _threads(nb: int) -> ctypes.c_int:
+    return ctypes.c_int(torch.get_num_threads() if nb >= PARALLEL_MIN_BLOCKS else 1)
+
+
+def abs_max(x: torch.Tensor) -> torch.Tensor | None:
+    """max |x| of a contiguous float32/bfloat16 CPU tensor as a float32 0-d tensor (NaN/Inf
+    if any element is not finite); None for other tensors."""
+    if x.dtype not in (torch.float32, torch.bfloat16) or not x.is_contiguous() or x.device.type != "cpu":
+        return None
+    lib = _require()
+    fn = lib.absmax_f32 if x.dtype == torch.float32 else lib.absmax_bf16
+    bits = fn(_ptr(x), ctypes.c_int64(x.numel()), _threads(x.numel() // 16))
+    return torch.tensor([bits], dtype=torch.int64).to(torch.int32).view(torch.float32).reshape(())
+
+
+def quantize(x: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [N, 16] (float32 or bfloat16, else converted to float32), s 0-d or [N] -> (uint8 [N, 8], e4m3 [N])."""
+    lib = _require()
+    if x.dtype not in (torch.float32, torch.bfloat16):
+        x = x.float()
+    x = x.contiguous()
+    nb = x.shape[0]
+    out = torch.empty(nb, 8, dtype=torch.uint8)
+    scales = torch.empty(nb, dtype=torch.uint8)
+    s, ss = _scale_arg(s)
+    fn = lib.quantize_f32 if x.dtype == torch.float32 else lib.quantize_bf16
+    fn(_ptr(x), ctypes.c_int64(nb), _ptr(s), ctypes.c_int64(ss), _ptr(out), _ptr(scales), _threads(nb))
+    return out, scales.view(torch.float8_e4m3fn)
+
+
+def dequantize(packed: torch.Tensor, scales: torch.Tensor, s: torch.Tensor, dtype: torch.dtype,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """packed [N, 8], scales [N] -> [N, 16] in dtype (computed in float32, rounded to nearest even).
+    `out` (contiguous, N*16 elements of dtype) is written in place when given."""
+    lib = _require()
+    packed, scales = packed.contiguous(), scales.contiguous().view(torch.uint8)
+    nb = packed.shape[0]
+    native = dtype if dtype in (torch.float32, torch.bfloat16) else torch.float32
+    direct = out is not None and out.dtype == native and out.is_contiguous() and out.numel() == nb * 16
+    dst = out.view(nb, 16) if direct else torch.empty(nb, 16, dtype=native)
+    s, ss = _scale_arg(s)
+    fn = lib.dequantize_f32 if native == torch.float32 else lib.dequantize_bf16
+    fn(_ptr(packed), _ptr(scales), ctypes.c_int64(nb), _ptr(s), ctypes.c_int64(ss), _ptr(_e4m3), _ptr(dst), _threads(nb))
+    if direct:
+        return out
+    result = dst if native == dtype else dst.to(dtype)
+    return result if out is None else out.copy_(result.view(out.shape))

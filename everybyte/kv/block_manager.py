@@ -1,0 +1,73 @@
+"""Which KV blocks of the pool each sequence owns.
+
+The interface (can_allocate / allocate / can_append / may_append / deallocate / num_free_blocks)
+is what the scheduler relies on; prefix caching and tiers extend it by giving blocks content
+names and sharing them through ref counts, without changing its callers. A sequence here is
+anything with `len(seq)`, a `block_table` list and a `num_computed_tokens` int.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int):
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_block_ids: deque[int] = deque(range(num_blocks))
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_block_ids)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self.free_block_ids)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def _take(self) -> int:
+        block = self.blocks[self.free_block_ids.popleft()]
+        assert block.ref_count == 0
+        block.ref_count = 1
+        return block.block_id
+
+    def _release(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            self.free_block_ids.append(block_id)
+
+    def can_allocate(self, seq) -> bool:
+        return self.blocks_for(len(seq)) <= self.num_free_blocks
+
+    def allocate(self, seq) -> None:
+        """Give a waiting sequence blocks for all its current tokens."""
+        assert not seq.block_table, "sequence already holds blocks"
+        seq.block_table = [self._take() for _ in range(self.blocks_for(len(seq)))]
+        seq.num_computed_tokens = 0
+
+    def deallocate(self, seq) -> None:
+        for block_id in reversed(seq.block_table):
+            self._release(block_id)
+        seq.block_table = []
+        seq.num_computed_tokens = 0
+
+    def can_append(self, seq) -> bool:
+        return self.blocks_for(len(seq)) - len(seq.block_table) <= self.num_free_blocks
+
+    def may_append(self, seq) -> None:
+        """Grow a running sequence's table to cover all its tokens (the one just sampled)."""
+        for _ in range(self.blocks_for(len(seq)) - len(seq.block_table)):
+            seq.block_table.append(self._take())

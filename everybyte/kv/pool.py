@@ -1,0 +1,100 @@
+"""The device KV pool: K and V blocks for every layer, preallocated from a byte budget.
+
+The pool knows shapes and formats only (layering: kv never imports models); the engine passes
+one (num_kv_heads, head_dim) pair per layer. The block count follows from the byte budget and
+the format, so a 4.5-bit format holds ~3.5x the tokens of fp16 in the same bytes.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+import torch
+
+from everybyte.formats.kv_layout import KV_CACHE_DTYPES, get_kv_format
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(size: int | str) -> int:
+    """'64MiB', '1GiB', '500MB', '1.5GB', '4096' or an int -> bytes."""
+    if isinstance(size, int):
+        value = size
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(size))
+        unit = m.group(2).lower() if m else None
+        if unit not in _UNITS:
+            raise ValueError(f"cannot parse size {size!r}; use bytes or a unit like 64MiB, 1GiB, 500MB")
+        value = int(float(m.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise ValueError(f"size must be > 0 bytes, got {size!r}")
+    return value
+
+
+def format_size(n: int) -> str:
+    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= div:
+            return f"{n / div:.2f} {unit}"
+    return f"{n} B"
+
+
+def bytes_per_token(layer_shapes: list[tuple[int, int]], kv_cache_dtype: str) -> int:
+    """KV bytes of one token across all layers, K and V."""
+    fmt = get_kv_format(kv_cache_dtype)
+    return sum(2 * fmt.bytes_per_token(h, d) for h, d in layer_shapes)
+
+
+def kv_bytes_per_token(layer_shapes: list[tuple[int, int]]) -> dict[str, int]:
+    return {name: bytes_per_token(layer_shapes, name) for name in KV_CACHE_DTYPES}
+
+
+def min_pool_bytes(layer_shapes, kv_cache_dtype: str, num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size) * block_size * bytes_per_token(layer_shapes, kv_cache_dtype)
+
+
+class KVPool:
+    def __init__(self, layer_shapes: list[tuple[int, int]], kv_cache_dtype: str = "nvfp4",
+                 kv_cache_bytes: int | str = "64MiB", block_size: int = 16, device="cpu"):
+        self.fmt = get_kv_format(kv_cache_dtype)
+        self.kv_cache_dtype = kv_cache_dtype
+        self.layer_shapes = list(layer_shapes)
+        self.block_size = block_size
+        self.budget_bytes = parse_size(kv_cache_bytes)
+        self.bytes_per_token = bytes_per_token(self.layer_shapes, kv_cache_dtype)
+        self.bytes_per_block = self.bytes_per_token * block_size
+        self.num_blocks = self.budget_bytes // self.bytes_per_block
+        if self.num_blocks < 1:
+            raise ValueError(f"KV cache of {self.budget_bytes} bytes holds no block: one block of "
+                             f"{block_size} tokens in {kv_cache_dtype} needs {self.bytes_per_block} bytes")
+        self.k = [self.fmt.allocate(self.num_blocks, block_size, h, d, device) for h, d in self.layer_shapes]
+        self.v = [self.fmt.allocate(self.num_blocks, block_size, h, d, device) for h, d in self.layer_shapes]
+        self.k_scales = [self.fmt.default_scale] * len(self.layer_shapes)
+        self.v_scales = [self.fmt.default_scale] * len(self.layer_shapes)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_shapes)
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for store in (*self.k, *self.v) for t in store.values())
+
+    def set_scales_from_amax(self, k_amax: list[float], v_amax: list[float], headroom: float = 2.0) -> None:
+        """Per-layer FP32 scales (decode form) that map amax * headroom, rounded up to a power of
+        two, to the format's largest value. The rounding makes the scales (and so every block's
+        bytes and name) the same on every node, whatever tiny float differences the calibration
+        pass has across thread counts or CPUs."""
+        up = lambda a: 2.0 ** math.ceil(math.log2(max(a * headroom, 1e-30)))
+        self.k_scales = [self.fmt.scale_for_amax(up(a)) for a in k_amax]
+        self.v_scales = [self.fmt.scale_for_amax(up(a)) for a in v_amax]
+
+    def describe(self) -> dict:
+        return {"kv_cache_dtype": self.kv_cache_dtype, "budget_bytes": self.budget_bytes,
+                "allocated_bytes": self.nbytes, "block_size": self.block_size,
+                "num_blocks": self.num_blocks, "capacity_tokens": self.capacity_tokens,
+                "bytes_per_token": self.bytes_per_token}

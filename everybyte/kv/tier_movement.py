@@ -1,0 +1,121 @@
+"""Moving named KV blocks between G1 and the tiers below it.
+
+Local tiers (G2 host, G3 disk) form a write-back chain: a block evicted from G1 goes to the
+first tier, and what that tier evicts spills to the next. Shared tiers (G3.5 Redis or a
+shared directory) get every newly computed full block written through asynchronously, so
+other nodes can reuse it. On admission the longest run of missing blocks is located across
+tiers (first tier that has each block) and fetched in parallel. A tier whose measured load
+speed is slower than recomputing the same tokens is skipped.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+
+from everybyte.kv.tiers.base import TierBackend
+
+log = logging.getLogger(__name__)
+SHARED_LEVELS = ("G3.5",)
+
+
+class TierSet:
+    def __init__(self, tiers: list[TierBackend]):
+        self.tiers = list(tiers)
+        local = [t for t in self.tiers if t.level not in SHARED_LEVELS]
+        self.first = local[0] if local else (self.tiers[0] if self.tiers else None)
+        for upper, lower in zip(local, local[1:]):
+            upper.on_evict = lambda name, data, lower=lower: lower.put_async(name, data)
+        self.write_through = [t for t in self.tiers if t.level in SHARED_LEVELS]
+        self.bandwidth: dict[str, float] = {}         # level -> measured load bytes/s (EMA)
+        self.prefill_tok_s: float | None = None       # the engine's measured prefill speed
+        self.bytes_per_token = 0
+        self._recent_puts: OrderedDict[bytes, None] = OrderedDict()
+        self._pending: list = []
+
+    def __len__(self) -> int:
+        return len(self.tiers)
+
+    # ---- load or recompute --------------------------------------------------------------------
+    def worth_loading(self, tier: TierBackend) -> bool:
+        bw = self.bandwidth.get(tier.level)
+        if bw is None or not self.prefill_tok_s or not self.bytes_per_token:
+            return True      # measure first
+        return self.bytes_per_token / bw < 1.0 / self.prefill_tok_s
+
+    def observe(self, tier: TierBackend, nbytes: int, seconds: float) -> None:
+        if seconds <= 0 or nbytes <= 0:
+            return
+        bw = nbytes / seconds
+        old = self.bandwidth.get(tier.level)
+        self.bandwidth[tier.level] = bw if old is None else 0.7 * old + 0.3 * bw
+
+    def locate(self, names: list[bytes]) -> list[TierBackend]:
+        """For the longest run of names each held by some usable tier: the tier to load it from."""
+        usable = [t for t in self.tiers if self.worth_loading(t)]
+        if not names or not usable:
+            return []
+        present = [t.contains_many(names) for t in usable]
+        out = []
+        for i in range(len(names)):
+            tier = next((t for t, p in zip(usable, present) if p[i]), None)
+            if tier is None:
+                break
+            out.append(tier)
+        return out
+
+    def fetch(self, found: list[TierBackend], names: list[bytes]) -> list[tuple[TierBackend, object]]:
+        """Get the located blocks in parallel; (tier, buffer or None) in order."""
+        t0 = time.perf_counter()
+        futures = [t.get_async(n) for t, n in zip(found, names)]
+        out = []
+        for tier, fut in zip(found, futures):
+            try:
+                out.append((tier, fut.result()))
+            except Exception as e:       # a tier failing mid-read is a miss
+                log.warning("%s tier read failed: %r", tier.level, e)
+                out.append((tier, None))
+        elapsed = time.perf_counter() - t0
+        per_tier: dict[TierBackend, int] = {}
+        for tier, buf in out:
+            if buf is not None:
+                per_tier[tier] = per_tier.get(tier, 0) + _nbytes(buf)
+        for tier, nbytes in per_tier.items():
+            self.observe(tier, nbytes, elapsed)
+        return out
+
+    # ---- writes ------------------------------------------------------------------------------
+    def write_through_block(self, name: bytes, data) -> None:
+        if name in self._recent_puts:
+            return
+        self._recent_puts[name] = None
+        if len(self._recent_puts) > 65536:
+            self._recent_puts.popitem(last=False)
+        self._pending = [f for f in self._pending if not f.done()]
+        for t in self.write_through:
+            self._pending.append(t.put_async(name, data))
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Wait for asynchronous write-through puts (e.g. before a process exits)."""
+        for f in self._pending:
+            try:
+                f.result(timeout)
+            except Exception as e:
+                log.warning("write-through failed: %r", e)
+        self._pending = []
+
+    def delete_everywhere(self, names) -> None:
+        for t in self.tiers:
+            for n in names:
+                t.delete(n)
+                self._recent_puts.pop(n, None)
+
+    def count_present(self, names: list[bytes]) -> dict[str, int]:
+        return {t.level: sum(t.contains_many(names)) for t in self.tiers}
+
+    def describe(self) -> dict:
+        return {t.level: {**t.describe(), "load_bytes_per_s": self.bandwidth.get(t.level)} for t in self.tiers}
+
+
+def _nbytes(buf) -> int:
+    return buf.numel() * buf.element_size() if hasattr(buf, "numel") else len(buf)

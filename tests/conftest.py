@@ -1,0 +1,58 @@
+"""Shared fixtures: a real redis-server on a free port (the pod-shared KV tier's store)."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+
+import pytest
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RedisServer:
+    def __init__(self):
+        self.port = _free_port()
+        self.proc = None
+
+    def start(self):
+        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                                      "--save", "", "--appendonly", "no"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        import redis
+        r = redis.Redis(port=self.port)
+        for _ in range(200):
+            try:
+                r.ping()
+                return self
+            except redis.exceptions.ConnectionError:
+                time.sleep(0.02)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self):
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    @property
+    def url(self):
+        return f"redis://127.0.0.1:{self.port}"
+
+
+@pytest.fixture
+def redis_server():
+    if shutil.which("redis-server") is None:
+        if os.environ.get("CI"):
+            pytest.fail("redis-server is not installed; .ci/run must install it")
+        pytest.skip("redis-server not installed (.ci/run installs it)")
+    pytest.importorskip("redis")
+    srv = RedisServer().start()
+    yield srv
+    srv.stop()

@@ -45,8 +45,11 @@ def test_too_small_and_minimum():
 def test_scales_from_amax():
     p = KVPool(SMOL, "nvfp4", "4MiB")
     assert p.k_scales[0] == p.fmt.default_scale
-    p.set_scales_from_amax([2688.0] * 30, [6.0] * 30, headroom=1.0)
-    assert p.k_scales == [1.0] * 30 and p.v_scales == [6.0 / 2688.0] * 30
+    # amax * headroom is rounded up to a power of two, so every node derives the same scales
+    p.set_scales_from_amax([2000.0] * 30, [6.0] * 30, headroom=1.0)
+    assert p.k_scales == [2048.0 / 2688.0] * 30 and p.v_scales == [8.0 / 2688.0] * 30
+    p.set_scales_from_amax([5.9999999] * 30, [6.0000001] * 30, headroom=1.0)
+    assert p.k_scales == p.v_scales == [8.0 / 2688.0] * 30
     f = KVPool(SMOL, "fp8", "4MiB")
     f.set_scales_from_amax([448.0] * 30, [1.0] * 30, headroom=2.0)
-    assert f.k_scales[0] == 2.0 and f.v_scales[0] == 2.0 / 448
+    assert f.k_scales[0] == 1024 / 448 and f.v_scales[0] == 2.0 / 448

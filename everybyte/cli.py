@@ -20,6 +20,7 @@ BENCHMARKS = {
     "serve": ("everybyte.bench.serve", "the same 64-client workload over HTTP and in process"),
     "kv-quality": ("everybyte.bench.kv_quality", "perplexity and speed per KV cache format"),
     "agentic": ("everybyte.bench.agentic", "replay recorded agent sessions against an endpoint or the embedded engine"),
+    "memory": ("everybyte.bench.memory", "levers off vs each lever vs all: prefill computed, resumed-turn TTFT, tok/s, G1 ledger"),
 }
 
 

@@ -99,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
             nll, preds = teacher_forced(llm, ids)
             nll_s[f"{name}/{fmt}"] = time.perf_counter() - t
             ppl[name][fmt] = math.exp(nll)
+            print(f"[kv-quality] {name} {fmt}: ppl {ppl[name][fmt]:.3f} ({nll_s[f'{name}/{fmt}']:.1f}s)",
+                  file=sys.stderr)
             if fmt == "fp32":
                 agree[name]["_ref"] = preds
             agree[name][fmt] = (preds == agree[name]["_ref"]).float().mean().item()

@@ -40,6 +40,7 @@ class KVMemoryManager(BlockManager):
         self._committed: dict[int, int] = {}          # seq_id -> blocks already committed
         self.running: dict[int, object] = {}          # seq_id -> sequence holding blocks
         self.query_tokens = self.hit_tokens = 0       # prompt tokens looked up / found in any tier
+        self._prestaged_from: dict[int, str] = {}     # G1 block -> tier resume() loaded it from
 
     # ---- BlockManager interface ---------------------------------------------------------------
     @property
@@ -77,7 +78,10 @@ class KVMemoryManager(BlockManager):
         hits = self.cache.acquire(names, sid)
         fresh = self.cache.allocate(self.blocks_for(len(seq)) - len(hits))
         seq.block_table = hits + fresh
-        reused = {"G1": len(hits) * self.block_size} if hits else {}
+        reused: dict[str, int] = {}
+        for b in hits:    # a block prestaged by resume() counts as reuse from the tier it came from
+            level = self._prestaged_from.pop(b, "G1")
+            reused[level] = reused.get(level, 0) + self.block_size
         loaded = self._load(names[len(hits):], fresh, sid, reused)
         seq.num_computed_tokens = (len(hits) + loaded) * self.block_size
         if seq.metrics.first_scheduled_time is None:    # first admission, not a preemption's
@@ -126,12 +130,13 @@ class KVMemoryManager(BlockManager):
 
     # ---- tiers -------------------------------------------------------------------------------
     def _write_down(self, block_id: int, name: bytes) -> None:
+        self._prestaged_from.pop(block_id, None)
         if name is not None and self.tiers.first is not None and not self.tiers.first.contains(name):
             data = encode_pool_block(self.pool, block_id, name)
             self.tiers.first.put(name, data)
         self.ledger.count("evicted")
 
-    def _load(self, names: list[bytes], blocks: list[int], owner, reused: dict) -> int:
+    def _load(self, names: list[bytes], blocks: list[int], owner, reused: dict, prestage: bool = False) -> int:
         """Load the longest run of `names` found in lower tiers into `blocks`; returns how many."""
         found = self.tiers.locate(names)
         loaded = 0
@@ -146,6 +151,8 @@ class KVMemoryManager(BlockManager):
                 tier.delete(name)
                 break
             self.cache.commit(b, name, owner)
+            if prestage:
+                self._prestaged_from[b] = tier.level
             reused[tier.level] = reused.get(tier.level, 0) + self.block_size
             loaded += 1
         if loaded:
@@ -174,15 +181,12 @@ class KVMemoryManager(BlockManager):
         """Prestage the session's context back into G1 ahead of its next turn; returns blocks loaded."""
         s = self.sessions.touch(session_id)
         self.cache.unpark(session_id)
-        hits = self.cache.lookup(s.names)
+        hits = self.cache.acquire(s.names, session_id)     # pinned while the rest loads
         missing = s.names[len(hits):]
-        room = max(self.num_free_blocks - len(self.cache.policy) + 0, 0)
-        n = min(len(missing), self.cache.num_empty_blocks or room)
-        if n == 0:
-            return 0
-        blocks = self.cache.allocate(n)
-        loaded = self._load(missing[:n], blocks, session_id, {})
-        self.cache.free(blocks)
+        n = min(len(missing), self.cache.num_free_blocks)  # may evict idle cached blocks, never running ones
+        blocks = self.cache.allocate(n) if n else []
+        loaded = self._load(missing[:n], blocks, session_id, {}, prestage=True)
+        self.cache.free(hits + blocks)
         self.ledger.count("prestaged", loaded)
         return loaded
 

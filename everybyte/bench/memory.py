@@ -1,0 +1,356 @@
+"""`everybyte bench memory`: the memory levers off, each alone, and all together, on one agentic replay.
+
+N concurrent agent sessions from the shared traces drive an in-process LLMEngine step by step in
+real time: each turn is the previous context + the model's own output + new input, the recorded
+tool gaps (compressed) are real waits while the other sessions keep running, and the G1 KV budget
+(the same bytes in every run) cannot hold all sessions at once. Per run: prefill tokens computed vs
+the tokens never seen before, resumed-turn TTFT, output tok/s, reuse by tier and the G1 byte ledger
+over time; plus tier load bandwidths and loading a 2K-token prefix vs recomputing it.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+
+from everybyte.bench.agentic import default_trace
+from everybyte.bench.report import emit, environment
+from everybyte.bench.traces import load_trace
+from everybyte.bench.traces.model import Session
+from everybyte.bench.traces.scaling import Scaling
+from everybyte.bench.traces.tokens import SessionPrompts, TokenSpace
+from everybyte.bench.memory_report import fmt_num, goals, markdown, plot
+from everybyte.bench.memory_tiers import measure_tiers
+
+PROG = "everybyte bench memory"
+RUNS = {   # name -> (kv_cache_dtype, prefix caching, kv_tiers, park during gaps)
+    "levers_off": ("fp16", False, "none", False),
+    "nvfp4": ("nvfp4", False, "none", False),
+    "prefix_cache": ("fp16", True, "none", False),
+    "tiers": ("fp16", True, "host:1GiB", False),
+    "parking": ("fp16", True, "host:1GiB", True),
+    "all": ("nvfp4", True, "host:1GiB", True),
+}
+G1_KEYS = ("weights", "running_kv", "parked_kv", "cached_kv", "free", "waste", "total")
+QUICK = {"sessions": 3, "turns": 3, "token_scale": 192.0, "max_context": 768, "min_context": 256}
+
+# ---- the plan: which sessions and turns, how long every prompt is -------------------------------
+@dataclass
+class Plan:
+    session: Session
+    turns: list[int]                         # indexes into session.turns (main agent, a chain)
+    lengths: list[tuple[int, int]]           # (prompt, output) tokens per turn
+    gaps: list[float]                        # compressed gap before each turn (0 for the first)
+
+
+def plan_sessions(trace, scaling: Scaling, space: TokenSpace, marker: str, n: int, turns: int,
+                  min_context: int) -> list[Plan]:
+    """The first n sessions whose first `turns` main-agent turns form a chain that fits max_context
+    and whose last turn (prompt + output) has at least min_context tokens."""
+    plans = []
+    for s in trace.sessions:
+        ks = [k for k, t in enumerate(s.turns) if t.agent == 0][:turns]
+        if len(ks) < turns or any(s.turns[k].parent not in ks[:i] for i, k in enumerate(ks) if i):
+            continue
+        sp, outs, lengths = SessionPrompts(s, scaling, space, marker, trace.name), {}, []
+        for k in ks:
+            ids, n_out = sp.prompt(k, outs), scaling.output_len(s.turns[k])
+            outs[k] = sp.filler(k, n_out)
+            lengths.append((len(ids), n_out))
+        if sum(lengths[-1]) > scaling.max_context or sum(lengths[-1]) < min_context:
+            continue
+        plans.append(Plan(s, ks, lengths, [0.0] + [scaling.gap(s.turns[k]) for k in ks[1:]]))
+        if len(plans) == n:
+            return plans
+    raise SystemExit(f"{PROG}: only {len(plans)} sessions of {trace.name} have {turns} chained main-agent "
+                     f"turns with a final context in [{min_context}, {scaling.max_context}] tokens; lower "
+                     f"--sessions/--turns/--min-context or change --token-scale")
+
+
+# ---- one run ----------------------------------------------------------------------------------
+@dataclass
+class _Live:
+    plan: Plan
+    prompts: SessionPrompts
+    sid: str
+    pos: int = 0
+    next_at: float | None = None             # when the next turn arrives (time.time())
+    resume_at: float | None = None
+    rid: str | None = None
+    arrival: float = 0.0
+    outputs: dict = field(default_factory=dict)
+    rec: dict | None = None                  # this turn's record
+    ids: list[int] | None = None             # this turn's prompt
+
+
+class Replay:
+    def __init__(self, engine, plans: list[Plan], scaling, space, marker: str, trace_name: str, park: bool,
+                 resume_lead_s: float, park_min_gap_s: float, sample_s: float):
+        self.eng, self.park, self.lead, self.min_gap = engine, park, resume_lead_s, park_min_gap_s
+        self.sample_s = sample_s
+        self.live = [_Live(p, SessionPrompts(p.session, scaling, space, marker, trace_name), p.session.id)
+                     for p in plans]
+        self.turns, self.series, self.seen = [], [], []
+        self.prefill = self.prestaged = 0
+        self.busy = 0.0                      # seconds inside engine.step()
+        self._last_sample = 0.0
+        sched = engine.scheduler
+        schedule = sched.schedule
+
+        def counted():                       # prompt tokens computed, incl. recompute after preemption
+            out = schedule()
+            for seq, n in zip(out.seqs, out.num_new_tokens):
+                decode = seq.num_computed_tokens + n == len(seq) and len(seq) > seq.num_prompt_tokens
+                self.prefill += n - int(decode)
+            return out
+        sched.schedule = counted
+
+    def g1(self) -> dict:
+        s = self.eng.stats()
+        if "memory" in s:
+            return s["memory"]["g1"]
+        from everybyte.kv.ledger import waste_bytes
+        e, pool = self.eng, self.eng.pool
+        bm = e.block_manager
+        w = waste_bytes([q for q in e.scheduler.running if q.block_table], pool.block_size, pool.bytes_per_token)
+        g1 = {"weights": e.weights_bytes, "running_kv": bm.num_used_blocks * pool.bytes_per_block - w,
+              "parked_kv": 0, "cached_kv": 0, "free": bm.num_free_blocks * pool.bytes_per_block,
+              "waste": w + max(pool.budget_bytes - pool.nbytes, 0)}
+        return {**g1, "total": sum(g1.values())}
+
+    def _sample(self, force: bool = False) -> None:
+        now = time.time()
+        if force or now - self._last_sample >= self.sample_s:
+            g1 = self.g1()
+            self.series.append({"t": round(now - self.t0, 3), **{k: int(g1[k]) for k in G1_KEYS}})
+            self._last_sample = now
+
+    def _submit(self, lv: _Live, now: float) -> None:
+        from everybyte.engine.sampling_params import SamplingParams
+        k = lv.plan.turns[lv.pos]
+        ids = lv.prompts.prompt(k, lv.outputs)
+        n_out = lv.plan.lengths[lv.pos][1]
+        lv.rid, lv.arrival, lv.next_at = f"{lv.sid}-t{k}", lv.next_at, None
+        self.eng.add_request(ids, SamplingParams(max_tokens=n_out, ignore_eos=True, temperature=0.0),
+                             request_id=lv.rid, session_id=lv.sid)
+        lcp = max((_common(ids, s) for s in self.seen), default=0)
+        self.turns.append({"session": lv.sid, "turn": lv.pos, "prompt_tokens": len(ids), "new_tokens": len(ids) - lcp,
+                           "arrival_s": round(lv.arrival - self.t0, 3), "submit_lag_s": round(now - lv.arrival, 3)})
+        lv.rec, lv.ids = self.turns[-1], ids
+
+    def _finish(self, lv: _Live, out, now: float) -> None:
+        k = lv.plan.turns[lv.pos]
+        lv.outputs[k] = list(out.token_ids)
+        self.seen.append(lv.ids + lv.outputs[k])
+        m = out.metrics
+        lv.rec.update(ttft_s=m.first_token_time - lv.arrival, e2e_s=now - lv.arrival, output_tokens=len(out.token_ids),
+                      cached_tokens=out.num_cached_tokens, preemptions=m.num_preemptions, t_end=now - self.t0)
+        lv.rid, lv.pos = None, lv.pos + 1
+        if lv.pos < len(lv.plan.turns):
+            gap = lv.plan.gaps[lv.pos]
+            lv.next_at = now + gap
+            if self.park and gap >= self.min_gap:
+                self.eng.park(lv.sid, expected_gap_s=gap)
+                lv.resume_at = lv.next_at - min(self.lead, gap / 2)
+
+    def run(self) -> dict:
+        eng, self.t0 = self.eng, time.time()
+        for lv in self.live:
+            lv.next_at = self.t0
+        by_rid, stalled = {}, 0
+        self._sample(force=True)
+        while any(lv.pos < len(lv.plan.turns) for lv in self.live):
+            now = time.time()
+            for lv in self.live:
+                if lv.resume_at is not None and now >= lv.resume_at:
+                    lv.resume_at = None
+                    self.prestaged += eng.resume(lv.sid)
+                if lv.rid is None and lv.next_at is not None and now >= lv.next_at:
+                    self._submit(lv, now)
+                    by_rid[lv.rid] = lv
+            if eng.has_unfinished_requests():
+                t_step = time.time()
+                outs = eng.step()
+                now = time.time()
+                self.busy += now - t_step
+                for out in outs:
+                    if out.finished:
+                        self._finish(by_rid.pop(out.request_id), out, now)
+                self._sample()
+                stalled = stalled + 1 if not outs and not eng.scheduler.running else 0
+                if stalled > 1000:
+                    raise RuntimeError(f"engine stalled: {len(eng.scheduler.waiting)} waiting, nothing running")
+            else:
+                wake = [t for lv in self.live for t in (lv.next_at, lv.resume_at) if t is not None]
+                self._sample()
+                time.sleep(max(0.0, min(min(wake, default=now) - time.time(), self.sample_s)))
+        end = time.time()
+        self._sample(force=True)
+        return self._summary(end - self.t0)
+
+    def _summary(self, wall_s: float) -> dict:
+        stats = self.eng.stats()
+        mem = stats.get("memory") or {}
+        resumed = sorted(t["ttft_s"] for t in self.turns if t["turn"] > 0)
+        out_tokens = sum(t["output_tokens"] for t in self.turns)
+        cats = [k for k in G1_KEYS if k != "total"]
+        return {"prefill_tokens_computed": self.prefill, "min_prefill_tokens": sum(t["new_tokens"] for t in self.turns),
+                "ttft_resumed_p50_s": _pct(resumed, 50), "ttft_resumed_p90_s": _pct(resumed, 90),
+                "output_tok_s": out_tokens / wall_s,
+                "reuse_by_tier": dict((mem.get("prefill_tokens") or {}).get("reused") or {}),
+                "ttft_first_turn_p50_s": _pct(sorted(t["ttft_s"] for t in self.turns if t["turn"] == 0), 50),
+                "output_tokens": out_tokens, "wall_s": wall_s, "engine_busy_s": self.busy,
+                "output_tok_s_busy": out_tokens / max(self.busy, 1e-9), "turns": len(self.turns),
+                "preemptions": stats.get("num_preemptions"), "prestaged_blocks": self.prestaged,
+                "engine_ledger_prefill_computed": (mem.get("prefill_tokens") or {}).get("computed"),
+                "blocks": mem.get("blocks"), "kv_pool": stats.get("kv_pool"),
+                "g1_ledger": {"samples": len(self.series),
+                              "peak": {c: max(r[c] for r in self.series) for c in cats},
+                              "mean": {c: round(statistics.fmean(r[c] for r in self.series)) for c in cats}}}
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    return len(os.path.commonprefix([a, b]))
+
+
+def _pct(v: list[float], p: float) -> float | None:
+    if not v:
+        return None
+    i = (len(v) - 1) * p / 100
+    lo = int(i)
+    return v[lo] + (v[min(lo + 1, len(v) - 1)] - v[lo]) * (i - lo)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--trace", default=None, help="agent-session .json directory (default: the shared traces)")
+    p.add_argument("--sessions", type=int, default=6, help="concurrent sessions")
+    p.add_argument("--turns", type=int, default=4, help="turns replayed per session")
+    p.add_argument("--token-scale", type=float, default=64.0, help="recorded input tokens / this")
+    p.add_argument("--output-scale", type=float, default=16.0, help="recorded output tokens / this")
+    p.add_argument("--max-output", type=int, default=64, help="cap on a turn's output tokens")
+    p.add_argument("--max-context", type=int, default=2048, help="a session's last turn (prompt + output) must fit")
+    p.add_argument("--min-context", type=int, default=1024, help="... and have at least this many tokens")
+    p.add_argument("--gap-scale", type=float, default=0.1, help="multiply recorded tool gaps by this")
+    p.add_argument("--max-gap", type=float, default=3.0, help="cap on a compressed gap (s)")
+    p.add_argument("--kv-budget", default=None, help="G1 KV bytes for every run (default: --budget-fraction of "
+                   "the sessions' final contexts in fp16)")
+    p.add_argument("--budget-fraction", type=float, default=0.45)
+    p.add_argument("--resume-lead", type=float, default=0.25, help="resume this long before the next turn "
+                   "(at most half the gap)")
+    p.add_argument("--park-min-gap", type=float, default=0.1, help="park only across gaps at least this long (s)")
+    p.add_argument("--sample-interval", type=float, default=0.25, help="G1 ledger sampling period (s)")
+    p.add_argument("--runs", default=",".join(RUNS), help="comma-separated subset of " + ", ".join(RUNS))
+    p.add_argument("--prefix-tokens", type=int, default=2048, help="prefix loaded vs recomputed in the tier test")
+    p.add_argument("--no-tiers", action="store_true", help="skip the tier bandwidth / 2K-prefix measurements")
+    p.add_argument("--tier-dir", default=None, help="directory for the G3 test (default: the temp dir)")
+    p.add_argument("--model", default=None, help="model path (default: the embedded SmolLM2-135M)")
+    p.add_argument("--dtype", default="auto", help="weights/activations dtype (auto: bf16 where native, else fp32)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--run-marker", default="bench-memory")
+    p.add_argument("--quick", action="store_true", help="a ~2-3 minute run: " +
+                   ", ".join(f"{k}={v}" for k, v in QUICK.items()))
+    p.add_argument("--json", default=None, help="write the JSON here too")
+    p.add_argument("--out", default=None, help="directory for report.md, g1_bytes.png, g1_series.json, report.json")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.quick:
+        for k, v in QUICK.items():
+            if getattr(args, k) == build_parser().get_default(k):
+                setattr(args, k, v)
+    names = [n.strip() for n in args.runs.split(",") if n.strip()]
+    if bad := [n for n in names if n not in RUNS]:
+        print(f"{PROG}: unknown run(s) {', '.join(bad)}; choose from {', '.join(RUNS)}", file=sys.stderr)
+        return 2
+    from everybyte.engine.config import resolve_dtype
+    from everybyte.engine.llm_engine import LLMEngine
+    from everybyte.kv.pool import bytes_per_token, min_pool_bytes, parse_size
+    from everybyte.models.loader import load_model
+
+    trace = load_trace(args.trace or default_trace())
+    scaling = Scaling(token_scale=args.token_scale, output_scale=args.output_scale, max_context=args.max_context,
+                      max_output=args.max_output, gap_scale=args.gap_scale, max_gap_s=args.max_gap)
+    space = TokenSpace()
+    plans = plan_sessions(trace, scaling, space, args.run_marker, args.sessions, args.turns, args.min_context)
+    dtype = resolve_dtype(args.dtype, args.device)
+    loaded = load_model(args.model, dtype=dtype, device=args.device)
+    mc, bs = loaded.config, 16
+    layer_shapes = [(mc.num_key_value_heads, mc.head_dim)] * mc.num_hidden_layers
+    fp16_tok = bytes_per_token(layer_shapes, "fp16")
+    longest = max(sum(x) for p in plans for x in p.lengths)
+    mml = -(-longest // bs) * bs
+    finals = [sum(p.lengths[-1]) for p in plans]
+    floor = min_pool_bytes(layer_shapes, "fp16", mml, bs)
+    budget = parse_size(args.kv_budget) if args.kv_budget else \
+        max(int(args.budget_fraction * sum(finals) * fp16_tok), floor)
+    runs, series = [], {}
+    for name in names:
+        fmt, prefix, tiers, park = RUNS[name]
+        eng = LLMEngine(loaded, kv_cache_dtype=fmt, kv_cache_bytes=budget, max_model_len=mml, block_size=bs,
+                        enable_prefix_caching=prefix, kv_tiers=tiers, dtype=dtype, device=args.device, seed=0)
+        rep = Replay(eng, plans, scaling, space, args.run_marker, trace.name, park, args.resume_lead,
+                     args.park_min_gap, args.sample_interval)
+        r = {"name": name, **rep.run()}
+        eng.close()
+        runs.append(r)
+        series[name] = rep.series
+        print(f"[{PROG}] {name}: prefill {r['prefill_tokens_computed']} (min {r['min_prefill_tokens']}), TTFT resumed "
+              f"p50 {fmt_num(r['ttft_resumed_p50_s'])} s, {r['output_tok_s']:.2f} out tok/s, wall {r['wall_s']:.1f} s",
+              file=sys.stderr, flush=True)
+        del eng, rep
+        gc.collect()
+    tiers = None if args.no_tiers else measure_tiers(loaded, layer_shapes, RUNS["all"][0], args.prefix_tokens,
+                                                     args.tier_dir, dtype, args.device, bs)
+    by_name = {r["name"]: r for r in runs}
+    result = {"runs": runs, "tiers": tiers, "goals": goals(by_name, tiers), "assumptions": {
+        "model": mc.model_id, "dtype": str(dtype).removeprefix("torch."), "device": args.device,
+        "trace": trace.name, "sessions": [p.session.id for p in plans], "turns_per_session": args.turns,
+        "turn_lengths": {p.session.id: [f"{a}+{b}" for a, b in p.lengths] for p in plans},
+        "gaps_s": {p.session.id: [round(g, 3) for g in p.gaps] for p in plans},
+        "scaling": {**scaling.describe(), "selection": f"the first {args.sessions} sessions whose first {args.turns} "
+                    f"main-agent turns form a chain with a last turn of {args.min_context}-{args.max_context} tokens"},
+        "schedule": "all sessions start at t=0; a turn arrives its compressed gap after the previous turn's last "
+                    "token (a real wall-clock wait; other sessions keep running); TTFT counts from that arrival",
+        "kv_budget_bytes": budget, "kv_budget_rule": f"{args.budget_fraction} x sum of the sessions' final contexts "
+        f"({sum(finals)} tokens) x {fp16_tok} B/token fp16, at least one max_model_len request" if not args.kv_budget
+        else "--kv-budget", "max_model_len": mml, "block_size": bs,
+        "runs": {n: dict(zip(("kv_cache_dtype", "prefix_caching", "kv_tiers", "park"), RUNS[n])) for n in names},
+        "parking": f"park(expected_gap_s=gap) when a turn ends (gaps >= {args.park_min_gap} s), resume "
+                   f"min({args.resume_lead} s, gap/2) before the next turn",
+        "prefill_tokens_computed": "counted from the scheduler's output: every token computed except each "
+                                   "decode step's newest sampled token (so recompute after preemption counts)",
+        "min_prefill_tokens": "per turn, prompt tokens past the longest common prefix with any earlier prompt + "
+                              "output of the replay (the first turn's whole prompt, later turns' appended input)",
+        "output_tok_s": "output tokens / replay wall time (first arrival to last token); output_tok_s_busy "
+                        "divides by the time spent inside engine.step() instead",
+        "ttft_resumed": "turns after each session's first", "sampling": "greedy, ignore_eos, max_tokens per turn",
+        "g1_ledger": f"stats()['memory']['g1'] (levers off/nvfp4: the same split computed from the block manager) "
+                     f"sampled every {args.sample_interval} s; mean = sample mean",
+        "environment": environment()}}
+    emit(result, args.json)
+    for k, g in result["goals"].items():
+        print(f"[{PROG}] goal {k}: {fmt_num(g['value'])} (target {g['target']}): {'met' if g['met'] else 'NOT met'}",
+              file=sys.stderr)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "report.md"), "w") as f:
+            f.write(markdown(result))
+        with open(os.path.join(args.out, "report.json"), "w") as f:
+            json.dump(result, f, indent=2, default=float)
+        with open(os.path.join(args.out, "g1_series.json"), "w") as f:
+            json.dump(series, f)
+        plot(series, os.path.join(args.out, "g1_bytes.png"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -127,7 +127,10 @@ def test_chunked_prefill_equals_unchunked(arch, kv_dtype):
     whole = PagedKV(ours, kv_dtype).step({0: toks})[0]
     kv = PagedKV(ours, kv_dtype)
     parts = [kv.step({0: toks[a:b]})[0] for a, b in [(0, 7), (7, 8), (8, 20), (20, 29)]]
-    assert torch.allclose(torch.cat(parts), whole, atol=1e-4, rtol=0)
+    # K/V of a token come out of matmuls of different shapes in each chunking, so they can differ
+    # in the last float bits; a quantized format may then round one value to a neighbouring code
+    atol = 1e-4 if kv_dtype in ("fp32", "bf16") else 1e-2
+    assert torch.allclose(torch.cat(parts), whole, atol=atol, rtol=0)
 
 
 @pytest.mark.parametrize("kv_dtype", ["fp32", "nvfp4"])

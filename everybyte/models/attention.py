@@ -110,6 +110,7 @@ def _prefill(q, cache, block_table, context_len, scale):
     if n != context_len:
         keys = torch.arange(context_len, device=q.device)
         mask = keys[None, :] <= torch.arange(context_len - n, context_len, device=q.device)[:, None]
-    out = F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=mask,
+    # 4-D inputs: CPU SDPA takes its fused kernel only with a batch dimension
+    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k[None], v[None], attn_mask=mask,
                                          is_causal=mask is None, scale=scale, enable_gqa=True)
-    return out.transpose(0, 1)
+    return out[0].transpose(0, 1)

@@ -1,7 +1,6 @@
 """Starts a real `everybyte serve` process on 127.0.0.1 for the HTTP tests."""
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess

@@ -12,7 +12,6 @@ import argparse
 import argparse as stdlib_argparse
 import gc
 import math
-import os
 import sys
 import time
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import re
 
-import torch
 
 from everybyte.formats.kv_layout import KV_CACHE_DTYPES, get_kv_format
 

@@ -1,8 +1,6 @@
 """The OpenAI-compatible HTTP API: routes, input checks and error rendering."""
 from __future__ import annotations
 
-import json
-import time
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -10,10 +8,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from everybyte.engine.sampling_params import SamplingParams
-from everybyte.serve.async_engine import AsyncEngine, QueueFull
-from everybyte.serve.metrics import ServerMetrics
+from everybyte.serve.async_engine import QueueFull
 from everybyte.serve.protocol import (APIError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
-                                      TokenizeRequest, new_id, now, usage)
+                                      TokenizeRequest, new_id)
 from everybyte.serve.streams import ResponseWriter
 from everybyte.serve.state import ServerConfig, ServerState
 
@@ -23,20 +20,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.state.eb = state
     cfg = state.config
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        endpoint = request.url.path
-        if cfg.api_key and endpoint.startswith("/v1/") and \
-                request.headers.get("authorization", "") != f"Bearer {cfg.api_key}":
-            return _record(state, endpoint, _error(APIError(401, "invalid or missing API key",
-                                                            "authentication_error", code="invalid_api_key")))
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > cfg.max_body_bytes:
-            return _record(state, endpoint, _error(APIError(
-                413, f"request body of {length} bytes is over the limit of {cfg.max_body_bytes} bytes",
-                code="request_too_large")))
-        response = await call_next(request)
-        return _record(state, endpoint, response)
+    app.add_middleware(Guard, state=state)
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, e: APIError):
@@ -172,10 +156,41 @@ async def _session_call(state: ServerState, session_id: str, fn, deleted: bool =
     return {"id": session_id, "object": "session", **info}
 
 
-def _record(state: ServerState, endpoint: str, response):
+class Guard:
+    """Plain ASGI middleware (no per-chunk cost on streams): API key, body size limit, and the
+    request counter by endpoint and status."""
+
+    def __init__(self, app, state: ServerState):
+        self.app, self.state = app, state
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        cfg, path = self.state.config, scope["path"]
+        headers = dict(scope["headers"])
+        error = None
+        if cfg.api_key and path.startswith("/v1/") and \
+                headers.get(b"authorization", b"") != f"Bearer {cfg.api_key}".encode():
+            error = APIError(401, "invalid or missing API key", "authentication_error", code="invalid_api_key")
+        length = headers.get(b"content-length", b"")
+        if error is None and length.isdigit() and int(length) > cfg.max_body_bytes:
+            error = APIError(413, f"request body of {int(length)} bytes is over the limit of "
+                                  f"{cfg.max_body_bytes} bytes", code="request_too_large")
+        if error is not None:
+            _count(self.state, path, error.status)
+            return await _error(error)(scope, receive, send)
+
+        async def send_counted(message):
+            if message["type"] == "http.response.start":
+                _count(self.state, path, message["status"])
+            await send(message)
+
+        await self.app(scope, receive, send_counted)
+
+
+def _count(state: ServerState, endpoint: str, status: int) -> None:
     if endpoint.startswith("/v1/"):
-        state.metrics.requests.labels(endpoint=endpoint, status=str(response.status_code)).inc()
-    return response
+        state.metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()
 
 
 def _error(e: APIError) -> JSONResponse:

@@ -73,6 +73,8 @@ class AsyncEngine:
         try:
             while True:
                 item = await p.queue.get()
+                while not isinstance(item, BaseException) and not item.finished and not p.queue.empty():
+                    item = p.queue.get_nowait()    # behind: outputs are cumulative, the newest covers all
                 if isinstance(item, BaseException):
                     raise item
                 yield item

@@ -6,7 +6,7 @@ import json
 import time
 
 from everybyte.serve.async_engine import QueueFull
-from everybyte.serve.protocol import APIError, new_id, now, usage
+from everybyte.serve.protocol import APIError, now, usage
 from everybyte.serve.tool_calls import parse_tool_calls, visible_prefix
 
 

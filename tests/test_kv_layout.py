@@ -128,3 +128,20 @@ def test_fp8_scale_extends_range():
     fmt.write(store, torch.tensor([0]), x, scale)
     y = fmt.read(store, torch.tensor([0]), scale, torch.float32)[0, 0]
     assert ((y - x[0]).abs() <= x[0].abs() * 0.0625 + 1e-6 + 2000 / 448 * 2 ** -9).all()
+
+
+@pytest.mark.parametrize("name", KV_CACHE_DTYPES)
+def test_write_kv_equals_two_writes(name):
+    """The fused K+V write (one encode pass for nvfp4) stores the same bytes as two writes."""
+    fmt = get_kv_format(name)
+    k, v = torch.randn(20, H, D), torch.randn(20, H, D) * 3
+    slots = torch.arange(20) + 5
+    slots[3] = -1
+    fused = (fmt.allocate(NB, BS, H, D, "cpu"), fmt.allocate(NB, BS, H, D, "cpu"))
+    apart = (fmt.allocate(NB, BS, H, D, "cpu"), fmt.allocate(NB, BS, H, D, "cpu"))
+    fmt.write_kv(*fused, slots, k, v, 0.01, 0.02)
+    fmt.write(apart[0], slots, k, 0.01)
+    fmt.write(apart[1], slots, v, 0.02)
+    for a, b in zip(fused, apart):
+        for key in a:
+            assert torch.equal(a[key].view(torch.uint8), b[key].view(torch.uint8))

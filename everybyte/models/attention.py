@@ -40,8 +40,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: La
 
 
 def _attend(q, k, v, cache: LayerKVCache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    cache.fmt.write(cache.k, meta.slot_mapping, k, cache.k_scale)
-    cache.fmt.write(cache.v, meta.slot_mapping, v, cache.v_scale)
+    cache.fmt.write_kv(cache.k, cache.v, meta.slot_mapping, k, v, cache.k_scale, cache.v_scale)
     plan = meta.derived.get("plan")
     if plan is None:
         plan = meta.derived["plan"] = _plan(meta, cache.block_size, q.device)

@@ -1,0 +1,316 @@
+"""`everybyte bench compare`: replay the same agent trace against everybyte's server and peer servers.
+
+Starts everybyte's server (`python -m everybyte.cli serve`) and each peer (bench/peers/NAME.py) one
+after another on this machine with the same model (the default GGUF unless --model), context size
+and threads, replays the same trace with the same run marker against each through
+`everybyte bench agentic --endpoint URL`, and prints a side-by-side table (markdown on stderr, and
+--out DIR/compare.md) plus one JSON object {"servers", "ratios", "assumptions"} on stdout (and --json).
+Unknown options go to the agentic replay as they are (trace, scaling, SLO flags).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+from everybyte.bench.report import emit
+
+PROG = "everybyte bench compare"
+PEERS_DIR = Path(__file__).resolve().parents[2] / "bench" / "peers"
+EVERYBYTE = "everybyte"
+
+# (summary key, label, higher_is_better)
+METRICS = [
+    ("output_tok_s", "output tok/s", True),
+    ("total_tok_s", "total tok/s", True),
+    ("goodput_tok_s", "goodput tok/s", True),
+    ("ttft_p50_s", "TTFT p50 (s)", False),
+    ("ttft_p90_s", "TTFT p90 (s)", False),
+    ("ttft_p99_s", "TTFT p99 (s)", False),
+    ("tpot_p50_s", "TPOT p50 (s)", False),
+    ("tok_s_per_user_p50", "tok/s/user p50", True),
+    ("e2e_p50_s", "end-to-end p50 (s)", False),
+    ("prefix_hit_rate", "prefix hit rate", True),
+    ("slo_met_fraction", "SLO met fraction", True),
+    ("turns_ok", "turns ok", True),
+    ("errors", "errors", False),
+    ("output_tokens", "output tokens", True),
+    ("prompt_tokens", "prompt tokens", True),
+    ("window_s", "window (s)", False),
+]
+
+
+class PeerError(Exception):
+    """A peer cannot be used (not installed, failed to start); the message says what to do."""
+
+
+def load_peer(name: str, peers_dir: Path | None = None):
+    """bench/peers/NAME.py as a module; PeerError when it is unknown or its package is not installed."""
+    peers_dir = Path(peers_dir or PEERS_DIR)
+    path = Path(peers_dir) / f"{name}.py"
+    if not path.is_file():
+        known = sorted(p.stem for p in Path(peers_dir).glob("*.py") if not p.stem.startswith("_"))
+        raise PeerError(f"unknown peer {name!r} (no {path}); known peers: {', '.join(known) or 'none'}")
+    spec = importlib.util.spec_from_file_location(f"everybyte_peer_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    gone = mod.missing()
+    if gone:
+        raise PeerError(f"peer {name} ({mod.NAME}) is not installed: Python module(s) {', '.join(gone)} not "
+                        f"found. Install it once with:\n    {mod.INSTALL}\n({mod.INSTALL_NOTE})")
+    return mod
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """A server started as a subprocess, its log in a file; ready when GET /v1/models answers 200."""
+
+    def __init__(self, name: str, cmd: list[str], port: int, log_path: str, env: dict | None = None):
+        self.name, self.cmd, self.port, self.log_path = name, cmd, port, log_path
+        self.url = f"http://127.0.0.1:{port}"
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+
+    def wait_ready(self, timeout_s: float) -> float:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout_s:
+            if self.proc.poll() is not None:
+                raise PeerError(f"{self.name} server exited with code {self.proc.returncode} before it was "
+                                f"ready; log {self.log_path}:\n{self.log_tail()}")
+            try:
+                if httpx.get(self.url + "/v1/models", timeout=2.0).status_code == 200:
+                    return time.monotonic() - t0
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise PeerError(f"{self.name} server not ready after {timeout_s:.0f}s; log {self.log_path}:\n"
+                        f"{self.log_tail()}")
+
+    def log_tail(self, n: int = 20) -> str:
+        try:
+            return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                                epilog="Other options (--trace, --token-scale, --max-output, --gap-scale, "
+                                       "--slo-ttft, ...) are passed to `everybyte bench agentic` as they are.")
+    p.add_argument("--peers", default="llamacpp", help="comma-separated peers from bench/peers/")
+    p.add_argument("--no-everybyte", action="store_true", help="run the peers only")
+    p.add_argument("--model", default=None, help="the GGUF both servers load (default: everybyte's default model)")
+    p.add_argument("--concurrency", type=int, default=2, help="replay session lanes; peers get as many slots")
+    p.add_argument("--max-requests", type=int, default=24, help="turns per server, warm-up included")
+    p.add_argument("--duration", type=float, default=180.0, help="wall-time bound of each server's replay (s)")
+    p.add_argument("--ctx", type=int, default=4096, help="context size of every server, and the replay's "
+                   "--max-context")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CPU threads of every server")
+    p.add_argument("--kv-cache", default="64MiB", help="everybyte's KV budget (--kv-cache)")
+    p.add_argument("--peer-cache-bytes", type=int, default=None,
+                   help="a peer's prompt-cache size in bytes where it has one (default: the peer's default)")
+    p.add_argument("--everybyte-args", default="", help="extra `everybyte serve` flags, one string")
+    p.add_argument("--run-marker", default=None, help="shared by every server's replay (default: random)")
+    p.add_argument("--start-timeout", type=float, default=300.0, help="seconds a server may take to start")
+    p.add_argument("--out", default=None, help="directory for compare.md, compare.json, each server's "
+                   "report and log")
+    p.add_argument("--json", default=None, help="write the JSON here too")
+    return p
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+    return str(v)
+
+
+def ratios(servers: dict, base: str = EVERYBYTE) -> dict:
+    """base / peer for every metric both have, per peer: {peer: {metric: ratio}}."""
+    out = {}
+    b = (servers.get(base) or {}).get("summary") or {}
+    for name, entry in servers.items():
+        if name == base:
+            continue
+        s = (entry or {}).get("summary") or {}
+        r = {}
+        for key, _, _ in METRICS:
+            x, y = b.get(key), s.get(key)
+            if isinstance(x, (int, float)) and isinstance(y, (int, float)) and y:
+                r[key] = x / y
+        out[name] = r
+    return out
+
+
+def table(servers: dict, rat: dict, base: str = EVERYBYTE) -> str:
+    names = list(servers)
+    peers = [n for n in names if n != base and n in rat]
+    head = ["metric"] + names + [f"{base} / {p}" for p in peers]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for key, label, higher in METRICS:
+        row = [f"{label} ({'higher' if higher else 'lower'} is better)"]
+        row += [_fmt(((servers[n] or {}).get("summary") or {}).get(key)) for n in names]
+        row += [_fmt(rat[p].get(key)) for p in peers]
+        lines.append("| " + " | ".join(row) + " |")
+    extra = []
+    for n in names:
+        e = servers[n] or {}
+        if e.get("error"):
+            extra.append(f"- {n}: ERROR {e['error']}")
+        else:
+            extra.append(f"- {n}: prompts as {e.get('prompt_mode')}, output join {e.get('output_join')}, "
+                         f"output length = max_tokens on {_fmt(e.get('output_length_match'))} of ok turns")
+    return "\n".join(lines + [""] + extra) + "\n"
+
+
+def server_entry(result: dict) -> dict:
+    """The part of an agentic result the comparison keeps for one server."""
+    a = result.get("assumptions") or {}
+    tok = a.get("tokens") or {}
+    turns = [t for t in result.get("turns") or [] if t.get("ok") and not t.get("warmup")]
+    match = (sum(1 for t in turns if t.get("completion_tokens") == t.get("max_tokens")) / len(turns)
+             if turns else None)
+    return {"summary": result.get("summary") or {}, "prompt_mode": tok.get("prompt_mode"),
+            "output_join": tok.get("output_join"), "output_length_match": match,
+            "target": a.get("target"), "scaling": a.get("scaling"), "run": result.get("run")}
+
+
+def assemble(servers: dict, assumptions: dict) -> dict:
+    rat = ratios(servers)
+    return {"benchmark": "compare", "servers": servers,
+            "ratios": {**rat, "rule": f"{EVERYBYTE} value / peer value; for throughput, hit rate and tok/s/user "
+                                      f"above 1 favours {EVERYBYTE}, for latencies below 1 does"},
+            "assumptions": assumptions}
+
+
+def _replay(name: str, url: str, args, rest: list[str], marker: str, flags: str, work: str) -> dict:
+    json_path = os.path.join(work, f"{name}.agentic.json")
+    cmd = [sys.executable, "-m", "everybyte.cli", "bench", "agentic", "--endpoint", url,
+           "--concurrency", str(args.concurrency), "--max-requests", str(args.max_requests),
+           "--duration", str(args.duration), "--max-context", str(args.ctx), "--run-marker", marker,
+           "--server-flags", flags, "--no-progress", "--json", json_path] + rest
+    if args.out:
+        cmd += ["--out", os.path.join(args.out, name.replace(".", ""))]
+    print(f"{PROG}: replaying against {name} at {url}", file=sys.stderr)
+    rc = subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode
+    if rc != 0 or not os.path.exists(json_path):
+        raise PeerError(f"the agentic replay against {name} failed (exit {rc}): {' '.join(cmd)}")
+    with open(json_path) as f:
+        return json.load(f)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, rest = build_parser().parse_known_args(argv)
+    names = [n.strip() for n in args.peers.split(",") if n.strip()]
+    try:
+        peers = {n: load_peer(n) for n in names}
+    except PeerError as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 2
+    if args.model is None:
+        from everybyte.models.default_model import default_model_path
+        args.model = str(default_model_path())
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+    work = args.out or tempfile.mkdtemp(prefix="everybyte-compare-")
+    marker = args.run_marker or uuid.uuid4().hex[:12]
+
+    plan = []   # (name, cmd, env, notes)
+    if not args.no_everybyte:
+        port = free_port()
+        cmd = [sys.executable, "-m", "everybyte.cli", "serve", "--port", str(port), "--model", args.model,
+               "--max-model-len", str(args.ctx), "--kv-cache", args.kv_cache,
+               "--max-num-seqs", str(max(args.concurrency, 1)), "--log-level", "warning"] + args.everybyte_args.split()
+        env = {**os.environ, "EVERYBYTE_NUM_THREADS": str(args.threads)}
+        notes = {"context": f"--max-model-len {args.ctx}", "threads": f"EVERYBYTE_NUM_THREADS={args.threads}",
+                 "kv_budget": f"--kv-cache {args.kv_cache} (G1) plus its --kv-tiers (default host:1GiB)",
+                 "prefix_cache": "on (default)", "ignore_eos": "honoured"}
+        plan.append((EVERYBYTE, cmd, env, port, notes))
+    for n, mod in peers.items():
+        port = free_port()
+        cmd, notes = mod.command(args.model, port, n_ctx=args.ctx, threads=args.threads,
+                                 parallel=args.concurrency, cache_bytes=args.peer_cache_bytes)
+        plan.append((mod.NAME, cmd, None, port, {**notes, "version": mod.version()}))
+
+    servers, failed = {}, False
+    server_assumptions = {}
+    for name, cmd, env, port, notes in plan:
+        log = os.path.join(work, f"{name.replace('.', '')}.server.log")
+        print(f"{PROG}: starting {name}: {' '.join(cmd)}", file=sys.stderr)
+        srv = ServerProcess(name, cmd, port, log, env=env)
+        server_assumptions[name] = {"command": " ".join(cmd), "log": log, **notes}
+        try:
+            ready = srv.wait_ready(args.start_timeout)
+            server_assumptions[name]["start_s"] = round(ready, 1)
+            servers[name] = server_entry(_replay(name, srv.url, args, rest, marker, " ".join(cmd[1:]), work))
+        except PeerError as e:
+            print(f"{PROG}: {e}", file=sys.stderr)
+            servers[name] = {"error": str(e).splitlines()[0], "summary": {}}
+            failed = True
+        finally:
+            srv.stop()
+
+    assumptions = {
+        "model": args.model, "context": args.ctx, "threads": args.threads, "concurrency": args.concurrency,
+        "max_requests": args.max_requests, "duration_s": args.duration, "run_marker": marker,
+        "order": "servers run one after another on this machine, never at once; each replay starts on a "
+                 "freshly started server with the same trace, scaling (--max-context = context) and run marker",
+        "agentic_args": rest,
+        "prompts": {n: {"prompt_mode": e.get("prompt_mode"), "output_join": e.get("output_join"),
+                        "output_length_match": e.get("output_length_match")} for n, e in servers.items()},
+        "prompt_rule": "the agentic replay sends token-id prompts where /v1/completions accepts them, else text "
+                       "that round-trips through the server's tokenizer (prompt_mode per server above)",
+        "servers": server_assumptions,
+    }
+    try:
+        from everybyte.bench.replay.report import hardware, versions
+        assumptions["hardware"], assumptions["software"] = hardware(), versions()
+    except Exception:   # pragma: no cover - report helpers are optional here
+        pass
+    result = assemble(servers, assumptions)
+    md = table(servers, {k: v for k, v in result["ratios"].items() if k != "rule"})
+    print(md, file=sys.stderr)
+    if args.out:
+        with open(os.path.join(args.out, "compare.md"), "w") as f:
+            f.write(f"# {PROG}\n\n{md}\n```\neverybyte bench compare {' '.join(argv or sys.argv[1:])}\n```\n")
+        with open(os.path.join(args.out, "compare.json"), "w") as f:
+            json.dump(result, f, indent=2, default=float)
+    emit(result, args.json)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -6,7 +6,8 @@ compiles llama.cpp from source, about 7 minutes on 2 cores):
     CMAKE_ARGS="-DGGML_NATIVE=ON" pip install "llama-cpp-python[server]"
 
 The server is started as `python -m llama_cpp.server --model GGUF --n_ctx N --n_threads T ...`
-with its prompt cache on (`--cache true`, RAM, `--cache_size` bytes), and it is ready when
+with its prompt cache on (`--cache true`, RAM, `--cache_size` bytes) and `--interrupt_requests false`
+(by default a new request cancels the one streaming), and it is ready when
 /v1/models answers.
 """
 from __future__ import annotations
@@ -46,7 +47,7 @@ def command(model: str, port: int, *, n_ctx: int, threads: int, parallel: int,
     """
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", model, "--host", host, "--port", str(port),
            "--n_ctx", str(n_ctx), "--n_threads", str(threads), "--n_threads_batch", str(threads),
-           "--cache", "true", "--cache_type", "ram"]
+           "--cache", "true", "--cache_type", "ram", "--interrupt_requests", "false"]
     if cache_bytes:
         cmd += ["--cache_size", str(int(cache_bytes))]
     notes = {
@@ -54,10 +55,15 @@ def command(model: str, port: int, *, n_ctx: int, threads: int, parallel: int,
         "threads": f"--n_threads {threads} --n_threads_batch {threads}",
         "parallel_slots": f"1: llama-cpp-python's server serves one request at a time and has no "
                           f"parallel-slots option; the {parallel} lane(s) of the replay queue at the server",
+        "interrupt_requests": "false: by default this server cancels the streaming request whenever another "
+                              "one arrives, which would cut every concurrent turn short",
         "prompt_cache": "on: --cache true --cache_type ram" + (f" --cache_size {int(cache_bytes)}" if cache_bytes
                                                                 else " (package default size, 2 GiB)"),
         "kv_budget": "not settable like everybyte's --kv-cache: the live KV is sized by n_ctx; the prompt "
                      "cache (RAM snapshots of whole contexts) is bounded by --cache_size",
+        "prompts": "text: its /v1/completions takes `prompt` as str or list[str], not token ids (0.3.x), so the "
+                   "replay's auto-detection sends text; its tokenizer is at /extras/tokenize, not /tokenize",
+        "usage": "its stream reports no cached_tokens, so prefix_hit_rate is not measured for it",
         "ignore_eos": "not supported by this server's /v1/completions; a turn may end before max_tokens "
                       "(see output_length_match)",
     }

@@ -29,7 +29,7 @@ PROG = "everybyte bench compare"
 PEERS_DIR = Path(__file__).resolve().parents[2] / "bench" / "peers"
 EVERYBYTE = "everybyte"
 
-# (summary key, label, higher_is_better)
+# (summary key, label, higher_is_better; None: a count, no direction)
 METRICS = [
     ("output_tok_s", "output tok/s", True),
     ("total_tok_s", "total tok/s", True),
@@ -42,11 +42,11 @@ METRICS = [
     ("e2e_p50_s", "end-to-end p50 (s)", False),
     ("prefix_hit_rate", "prefix hit rate", True),
     ("slo_met_fraction", "SLO met fraction", True),
-    ("turns_ok", "turns ok", True),
+    ("turns_ok", "turns ok", None),
     ("errors", "errors", False),
-    ("output_tokens", "output tokens", True),
-    ("prompt_tokens", "prompt tokens", True),
-    ("window_s", "window (s)", False),
+    ("output_tokens", "output tokens", None),
+    ("prompt_tokens", "prompt tokens", None),
+    ("window_s", "window (s)", None),
 ]
 
 
@@ -69,6 +69,11 @@ def load_peer(name: str, peers_dir: Path | None = None):
         raise PeerError(f"peer {name} ({mod.NAME}) is not installed: Python module(s) {', '.join(gone)} not "
                         f"found. Install it once with:\n    {mod.INSTALL}\n({mod.INSTALL_NOTE})")
     return mod
+
+
+def threading_main() -> bool:
+    import threading
+    return threading.current_thread() is threading.main_thread()
 
 
 def free_port() -> int:
@@ -158,6 +163,14 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def _join(j) -> str:
+    if not isinstance(j, dict):
+        return _fmt(j)
+    methods = ", ".join(f"{k} x{v}" for k, v in (j.get("methods") or {}).items()) or "-"
+    rate = j.get("round_trip_rate")
+    return methods + (f" (round-trip rate {_fmt(rate)})" if rate is not None else "")
+
+
 def ratios(servers: dict, base: str = EVERYBYTE) -> dict:
     """base / peer for every metric both have, per peer: {peer: {metric: ratio}}."""
     out = {}
@@ -181,7 +194,7 @@ def table(servers: dict, rat: dict, base: str = EVERYBYTE) -> str:
     head = ["metric"] + names + [f"{base} / {p}" for p in peers]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for key, label, higher in METRICS:
-        row = [f"{label} ({'higher' if higher else 'lower'} is better)"]
+        row = [label if higher is None else f"{label} ({'higher' if higher else 'lower'} is better)"]
         row += [_fmt(((servers[n] or {}).get("summary") or {}).get(key)) for n in names]
         row += [_fmt(rat[p].get(key)) for p in peers]
         lines.append("| " + " | ".join(row) + " |")
@@ -191,7 +204,7 @@ def table(servers: dict, rat: dict, base: str = EVERYBYTE) -> str:
         if e.get("error"):
             extra.append(f"- {n}: ERROR {e['error']}")
         else:
-            extra.append(f"- {n}: prompts as {e.get('prompt_mode')}, output join {e.get('output_join')}, "
+            extra.append(f"- {n}: prompts as {e.get('prompt_mode')}, output join {_join(e.get('output_join'))}, "
                          f"output length = max_tokens on {_fmt(e.get('output_length_match'))} of ok turns")
     return "\n".join(lines + [""] + extra) + "\n"
 
@@ -232,7 +245,14 @@ def _replay(name: str, url: str, args, rest: list[str], marker: str, flags: str,
         return json.load(f)
 
 
+def _sigterm(signum, frame):   # stop the running server (its own session) on the way out
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
+    import signal
+    if threading_main():
+        signal.signal(signal.SIGTERM, _sigterm)
     args, rest = build_parser().parse_known_args(argv)
     names = [n.strip() for n in args.peers.split(",") if n.strip()]
     try:

@@ -3,22 +3,17 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 
 import pytest
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from serve_fixtures import free_port
 
 
 class RedisServer:
     def __init__(self):
-        self.port = _free_port()
+        self.port = free_port()
         self.proc = None
 
     def start(self):

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 
+from everybyte.bench.compare import free_port
 from everybyte.bench.report import emit, environment
 
 
@@ -57,16 +58,9 @@ async def _http_run(url: str, prompts: list[str], max_tokens: int):
     return wall, ok, len(results) - len(ok)
 
 
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start_server(a) -> tuple[subprocess.Popen, str]:
     import httpx
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen([sys.executable, "-m", "everybyte.cli", "serve", "--port", str(port),
                              "--log-level", "warning", "--served-model-name", "default", *_engine_flags(a)])

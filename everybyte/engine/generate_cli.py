@@ -5,17 +5,12 @@ import argparse
 import sys
 import time
 
-from everybyte.formats.kv_layout import KV_CACHE_DTYPES
+from everybyte.engine.engine_args import add_engine_args, engine_kwargs
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="everybyte generate", description=__doc__)
     p.add_argument("prompt", help="the prompt text ('-' reads it from stdin)")
-    p.add_argument("--model", default=None, help="a .gguf file or HF directory (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--kv-cache-dtype", default="nvfp4", choices=KV_CACHE_DTYPES)
-    p.add_argument("--kv-cache", default="64MiB", help="KV pool size, e.g. 64MiB, 1GiB, 500MB (default 64MiB)")
-    p.add_argument("--dtype", default="auto", help="compute dtype: auto, float32, bfloat16, float16")
-    p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -27,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--system", default=None, help="system message (with --chat)")
     p.add_argument("--stats", action="store_true", help="print timing stats to stderr")
-    return p
+    return add_engine_args(p)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,8 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                                 min_p=args.min_p, seed=args.seed, max_tokens=args.max_tokens,
                                 stop=args.stop, ignore_eos=args.ignore_eos)
-        llm = LLM(args.model, kv_cache_dtype=args.kv_cache_dtype, kv_cache_bytes=args.kv_cache,
-                  dtype=args.dtype, max_model_len=args.max_model_len)
+        llm = LLM(args.model, **engine_kwargs(args))
         if args.chat:
             messages = ([{"role": "system", "content": args.system}] if args.system else [])
             stream = llm.stream_chat(messages + [{"role": "user", "content": prompt}], params)

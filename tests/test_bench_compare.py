@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -71,3 +75,30 @@ def test_a_failed_server_is_reported_not_dropped():
     assert result["ratios"]["llama.cpp"] == {}
     md = compare.table(servers, {"llama.cpp": {}})
     assert "ERROR llama.cpp server exited" in md
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie waiting for init to reap it."""
+    try:
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+
+
+def test_stopping_a_server_stops_its_subprocesses(tmp_path):
+    """vLLM's API server runs its engine in child processes: stop() ends the whole process group."""
+    pidfile = tmp_path / "child.pid"
+    srv = compare.ServerProcess("sh", ["sh", "-c", f"sleep 300 & echo $! > {pidfile}; wait"], 1,
+                                str(tmp_path / "sh.log"))
+    for _ in range(200):
+        if pidfile.is_file() and pidfile.read_text().strip():
+            break
+        time.sleep(0.02)
+    child = int(pidfile.read_text())
+    srv.stop(timeout_s=5)
+    for _ in range(100):
+        if not _running(child):
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"child {child} of the stopped server is still running")

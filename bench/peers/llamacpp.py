@@ -36,7 +36,8 @@ def version() -> str | None:
 
 
 def command(model: str, port: int, *, n_ctx: int, threads: int, parallel: int,
-            cache_bytes: int | None = None, host: str = "127.0.0.1") -> tuple[list[str], dict]:
+            cache_bytes: int | None = None, kv_bytes: int | None = None,
+            host: str = "127.0.0.1") -> tuple[list[str], dict]:
     """The server's command line and what each setting means for the comparison.
 
     llama-cpp-python's server runs one llama.cpp context and serves one completion at a time
@@ -59,8 +60,9 @@ def command(model: str, port: int, *, n_ctx: int, threads: int, parallel: int,
                               "one arrives, which would cut every concurrent turn short",
         "prompt_cache": "on: --cache true --cache_type ram" + (f" --cache_size {int(cache_bytes)}" if cache_bytes
                                                                 else " (package default size, 2 GiB)"),
-        "kv_budget": "not settable like everybyte's --kv-cache: the live KV is sized by n_ctx; the prompt "
-                     "cache (RAM snapshots of whole contexts) is bounded by --cache_size",
+        "kv_budget": "not settable like everybyte's --kv-cache" + (f" ({kv_bytes} bytes)" if kv_bytes else "")
+                     + ": the live KV is sized by n_ctx; the prompt cache (RAM snapshots of whole contexts) is "
+                       "bounded by --cache_size",
         "prompts": "text: its /v1/completions takes `prompt` as str or list[str], not token ids (0.3.x), so the "
                    "replay's auto-detection sends text; its tokenizer is at /extras/tokenize, not /tokenize",
         "usage": "its stream reports no cached_tokens, so prefix_hit_rate is not measured for it",

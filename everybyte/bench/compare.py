@@ -13,6 +13,7 @@ import argparse
 import importlib.util
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from pathlib import Path
 import httpx
 
 from everybyte.bench.report import emit
+from everybyte.kv.pool import parse_size
 
 PROG = "everybyte bench compare"
 PEERS_DIR = Path(__file__).resolve().parents[2] / "bench" / "peers"
@@ -115,14 +117,23 @@ class ServerProcess:
             return ""
 
     def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM to the server's process group (its own session: engine subprocesses included), SIGKILL
+        to what is left after timeout_s."""
         if self.proc.poll() is None:
-            self.proc.terminate()
+            self._signal_group(signal.SIGTERM)
             try:
                 self.proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                pass
+        self._signal_group(signal.SIGKILL)
+        self.proc.wait()
         self._log.close()
+
+    def _signal_group(self, sig) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -144,7 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a peer's prompt-cache size in bytes where it has one (default: the peer's default)")
     p.add_argument("--everybyte-args", default="", help="extra `everybyte serve` flags, one string")
     p.add_argument("--run-marker", default=None, help="shared by every server's replay (default: random)")
-    p.add_argument("--start-timeout", type=float, default=300.0, help="seconds a server may take to start")
+    p.add_argument("--start-timeout", type=float, default=300.0, help="seconds a server may take to start "
+                   "(a peer's START_TIMEOUT_S raises it for that peer)")
     p.add_argument("--out", default=None, help="directory for compare.md, compare.json, each server's "
                    "report and log")
     p.add_argument("--json", default=None, help="write the JSON here too")
@@ -250,7 +262,6 @@ def _sigterm(signum, frame):   # stop the running server (its own session) on th
 
 
 def main(argv: list[str] | None = None) -> int:
-    import signal
     if threading_main():
         signal.signal(signal.SIGTERM, _sigterm)
     args, rest = build_parser().parse_known_args(argv)
@@ -281,9 +292,16 @@ def main(argv: list[str] | None = None) -> int:
         plan.append((EVERYBYTE, cmd, env, port, notes))
     for n, mod in peers.items():
         port = free_port()
-        cmd, notes = mod.command(args.model, port, n_ctx=args.ctx, threads=args.threads,
-                                 parallel=args.concurrency, cache_bytes=args.peer_cache_bytes)
-        plan.append((mod.NAME, cmd, None, port, {**notes, "version": mod.version()}))
+        try:
+            cmd, notes = mod.command(args.model, port, n_ctx=args.ctx, threads=args.threads,
+                                     parallel=args.concurrency, cache_bytes=args.peer_cache_bytes,
+                                     kv_bytes=parse_size(args.kv_cache))
+        except PeerError as e:
+            print(f"{PROG}: {e}", file=sys.stderr)
+            return 2
+        env = {**os.environ, **mod.environment(args.threads)} if hasattr(mod, "environment") else None
+        start = max(args.start_timeout, getattr(mod, "START_TIMEOUT_S", 0.0))
+        plan.append((mod.NAME, cmd, env, port, {**notes, "version": mod.version(), "start_timeout_s": start}))
 
     servers, failed = {}, False
     server_assumptions = {}
@@ -293,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         srv = ServerProcess(name, cmd, port, log, env=env)
         server_assumptions[name] = {"command": " ".join(cmd), "log": log, **notes}
         try:
-            ready = srv.wait_ready(args.start_timeout)
+            ready = srv.wait_ready(notes.get("start_timeout_s", args.start_timeout))
             server_assumptions[name]["start_s"] = round(ready, 1)
             servers[name] = server_entry(_replay(name, srv.url, args, rest, marker, " ".join(cmd[1:]), work))
         except PeerError as e:

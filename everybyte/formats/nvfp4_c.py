@@ -100,6 +100,21 @@ static inline float block_amax(vf x) {
     b = __builtin_shuffle(a, (vi){1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0}); a = sel(a > b, a, b);
     return u2f((uint32_t)a[0]);
 }
+
+/* One block's codes (portable form of the AVX-512 codes16 above). */
+static inline void codes16(vf xv, float dk, uint8_t* out) {
+    vi code = ((vi)xv >> 28) & 8;                                 /* the input's sign bit */
+    if (dk > 0.0f) {
+        vi ab = (vi)(xv / dk) & 0x7FFFFFFF;
+        vi hi = ((ab + 0x1FFFFF + ((ab >> 22) & 1)) >> 22) - 252;  /* >= 1: keep one mantissa bit */
+        hi = sel(hi > 7, (vi){} + 7, hi);
+        vf half = ((vf)ab * 2.0f + 8388608.0f) - 8388608.0f;       /* < 1: steps of 0.5 */
+        code |= sel(ab < 0x3F800000, __builtin_convertvector(half, vi), hi);
+    }
+    vl q = (vl)code;                                               /* lanes: code[2j] | code[2j+1] << 32 */
+    v8b bytes = __builtin_convertvector((q | (q >> 28)) & 0xFF, v8b);
+    memcpy(out, &bytes, 8);
+}
 #endif
 
 /* Same IEEE float32 steps as the torch reference: sf = vmax / (6 s) -> E4M3 (nearest even,
@@ -139,23 +154,7 @@ static inline void quant_chunk(const vf* x, int n, const float* s, int64_t ss, u
         scales[k] = to_e4m3(sk > 0.0f ? vmax / (6.0f * sk) : 0.0f, &val);
         d[k] = val * sk;
     }
-#ifdef __AVX512F__
     for (int k = 0; k < n; k++) codes16(x[k], d[k], out + 8 * k);
-#else
-    for (int k = 0; k < n; k++) {
-        vi code = ((vi)x[k] >> 28) & 8;                               /* the input's sign bit */
-        if (d[k] > 0.0f) {
-            vi ab = (vi)(x[k] / d[k]) & 0x7FFFFFFF;
-            vi hi = ((ab + 0x1FFFFF + ((ab >> 22) & 1)) >> 22) - 252;  /* >= 1: keep one mantissa bit */
-            hi = sel(hi > 7, (vi){} + 7, hi);
-            vf half = ((vf)ab * 2.0f + 8388608.0f) - 8388608.0f;       /* < 1: steps of 0.5 */
-            code |= sel(ab < 0x3F800000, __builtin_convertvector(half, vi), hi);
-        }
-        vl q = (vl)code;                                               /* lanes: code[2j] | code[2j+1] << 32 */
-        v8b bytes = __builtin_convertvector((q | (q >> 28)) & 0xFF, v8b);
-        memcpy(out + 8 * k, &bytes, 8);
-    }
-#endif
 }
 
 void quantize_f32(const float* x, int64_t nb, const float* s, int64_t ss, uint8_t* out, uint8_t* scales, int nt) {

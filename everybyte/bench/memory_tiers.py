@@ -44,6 +44,7 @@ def _engine_load_seconds(eng, ids: list[int], drop_cache: bool) -> tuple[float, 
     if drop_cache:
         for n in names:
             tier.drop_page_cache(n)
+    assert bm.cache.num_empty_blocks >= len(names), "G1 must be empty here (nothing to evict)"
     blocks = sorted(bm.cache.allocate(len(names)))          # as the engine takes fresh blocks
     try:
         t0 = time.perf_counter()

@@ -25,7 +25,8 @@ TMP_PREFIX = ".tmp-"
 PACK = struct.Struct("<4sII")          # magic, blocks, crc32 of the table
 ENTRY = struct.Struct("<16sQQ")        # name, offset, framed size
 PACK_MAGIC = b"EBKP"
-READ_CHUNK = 8 << 20                   # a range read by one thread
+READ_CHUNK = 8 << 20                   # a range read by one thread (ranges in parallel)
+READ_SIZE = 128 << 10                  # one read call: sequential calls keep the kernel reading ahead
 
 
 class DiskTier(TierBackend):
@@ -75,7 +76,7 @@ class DiskTier(TierBackend):
 
     def put_many(self, names, datas) -> list[bool]:
         payloads = [as_bytes_view(d) for d in datas]
-        new = [(n, p) for n, p in zip(names, payloads) if not self._touch(n)]
+        new = list({n: p for n, p in zip(names, payloads) if not self._touch(n)}.items())
         if not new:
             return [True] * len(names)
         if len(new) == 1:
@@ -132,8 +133,8 @@ class DiskTier(TierBackend):
         return self.get_many([name])[0]
 
     def get_many(self, names) -> list:
-        """Blocks as views into one buffer: the blocks of one pack at adjacent offsets are read with
-        one call, ranges of up to READ_CHUNK bytes in parallel, each frame checked on its thread."""
+        """Blocks as views into one buffer: the blocks of one pack at adjacent offsets are read as
+        one range, ranges of up to READ_CHUNK bytes in parallel, each frame checked on its thread."""
         where = []
         for i, name in enumerate(names):
             found = self._index.find(name)
@@ -173,25 +174,25 @@ class DiskTier(TierBackend):
 
     def _read_range(self, path: str, off: int, members: list, dst: torch.Tensor | None) -> list:
         """Read framed blocks [(i, size)] lying back to back at `off` (size None: a whole file) into
-        dst, one block at a time in order, each checked as soon as it is in (the kernel reads ahead)."""
+        dst with back-to-back sequential reads (nothing in between, so the kernel keeps reading
+        ahead), then check each frame."""
         out, at = [], 0
         try:
             with open(path, "rb", buffering=0) as f:
                 if dst is None:
                     dst = torch.empty(os.fstat(f.fileno()).st_size, dtype=torch.uint8)
                     members = [(members[0][0], dst.numel())]
-                mv = memoryview(dst.numpy())
-                for i, size in members:
-                    got = 0
-                    while got < size and (n := os.preadv(f.fileno(), [mv[at + got:at + size]], off + at + got)) > 0:
-                        got += n
-                    payload = unframe(mv[at:at + got]) if got == size else None
-                    out.append((i, None, "corrupt") if payload is None else (i, dst[at + FRAME.size:at + size], None))
-                    at += size
+                mv, got = memoryview(dst.numpy()), 0
+                while got < len(mv) and (n := os.preadv(f.fileno(), [mv[got:got + READ_SIZE]], off + got)) > 0:
+                    got += n
         except FileNotFoundError:
             return [(i, None, "missing") for i, _ in members]
         except OSError as e:
             return [(i, None, e) for i, _ in members]
+        for i, size in members:
+            payload = unframe(mv[at:at + size]) if at + size <= got else None
+            out.append((i, None, "corrupt") if payload is None else (i, dst[at + FRAME.size:at + size], None))
+            at += size
         return out
 
     def _failed(self, name: bytes, error) -> None:

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from everybyte import LLM, SamplingParams
+from everybyte.kv.tiers.disk import read_pack_table
 from everybyte.models.loader import load_model
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -79,8 +80,13 @@ def test_park_moves_the_session_off_the_device_and_resume_brings_it_back(loaded,
     assert _memory(llm)["prefill_tokens"]["reused"].get("G2", 0) > 0
     assert out2.token_ids == reference(turn2)
     llm.park("agent-1")
-    assert llm.resume("agent-1") > 0 and llm.session_info("agent-1")["blocks"]["G1"] > 0
-    assert _memory(llm)["blocks"]["prestaged"] > 0
+    n = llm.resume("agent-1")                            # returns at once; the blocks load meanwhile
+    blocks = llm.session_info("agent-1")["blocks"]
+    assert n > 0 and blocks["G1"] + blocks["loading"] == n
+    llm.step()                                           # no request to run: waits for the prestage
+    blocks = llm.session_info("agent-1")["blocks"]
+    assert blocks["G1"] == n and blocks["loading"] == 0 and not llm.has_pending_loads()
+    assert _memory(llm)["blocks"]["prestaged"] == n
     llm.drop("agent-1")
     with pytest.raises(KeyError):
         llm.session_info("agent-1")
@@ -111,11 +117,12 @@ def test_corrupt_disk_block_is_recomputed(loaded, reference, tmp_path):
     prompt = SYSTEM + "Task: the CI job times out; make the slow test faster."
     llm.generate([prompt], GREEDY)
     llm.reset_prefix_cache()
-    files = sorted(tmp_path.rglob("*.kvb"))
-    assert files
-    for f in files:                                      # flip bytes in the middle of every block
+    packs = sorted(tmp_path.rglob("*.kvp"))              # the evicted blocks went down as one pack
+    assert packs and not list(tmp_path.rglob("*.kvb"))
+    for f in packs:                                      # flip a byte in the middle of every block
         data = bytearray(f.read_bytes())
-        data[len(data) // 2] ^= 0xFF
+        for offset, size in read_pack_table(str(f)).values():
+            data[offset + size // 2] ^= 0xFF
         f.write_bytes(bytes(data))
     out = llm.generate([prompt], GREEDY)[0]
     assert out.num_cached_tokens == 0 and out.token_ids == reference(prompt)

@@ -12,7 +12,8 @@ from everybyte.kv.tier_config import (build_tiers, load_beats_recompute, measure
                                       parse_kv_tiers)
 from everybyte.kv.tiers import (CorruptBlock, DiskTier, FormatMismatch, HostTier, SharedDirTier,
                                 decode_block, encode_block, encode_pool_block, load_pool_block)
-from everybyte.kv.tiers.codec import block_tensors, peek_header
+from everybyte.kv.tiers.codec import peek_header
+from everybyte.kv.tiers.pool_codec import block_tensors
 
 LAYERS = 30
 NAMES = chain_block_ids(KVNamespace("m", block_size=4), list(range(4 * 64)))

@@ -63,6 +63,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True     # content-named blocks reused across requests (G1)
     kv_tiers: str | None = "host:1GiB"     # tiers below G1, e.g. "host:2GiB,disk:/path:20GiB"; None/"none" = off
     offload_on_park: bool = True           # a parked session's KV leaves G1 at once (to the first tier)
+    kv_load_timeout_s: float = 10.0        # a tier load not done by then is abandoned and recomputed
 
     def __post_init__(self):
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -73,5 +74,7 @@ class EngineConfig:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {getattr(self, name)!r}")
+        if not self.kv_load_timeout_s > 0:
+            raise ValueError(f"kv_load_timeout_s must be > 0, got {self.kv_load_timeout_s!r}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len!r}")

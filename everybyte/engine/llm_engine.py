@@ -37,6 +37,8 @@ class _Request:
 
 
 class LLMEngine:
+    LOAD_WAIT_S = 0.05
+
     def __init__(self, model: str | LoadedModel | None = None, **kwargs):
         cfg = self.config = EngineConfig(**kwargs)
         set_threads()
@@ -72,7 +74,8 @@ class LLMEngine:
             return BlockManager(self.pool.num_blocks, cfg.block_size)
         ns = KVNamespace.for_pool(self.pool, mc.model_id, mc.revision)
         tiers = TierSet(build_tiers(cfg.kv_tiers or "none", pin_memory=str(cfg.device).startswith("cuda")))
-        return KVMemoryManager(self.pool, ns, tiers, offload_on_park=cfg.offload_on_park)
+        return KVMemoryManager(self.pool, ns, tiers, offload_on_park=cfg.offload_on_park,
+                               load_timeout_s=cfg.kv_load_timeout_s)
 
     def _kv_amax(self, loaded: LoadedModel):
         """Deterministic per-layer K/V amax of this model (see calibrate_kv_amax); cached per model."""
@@ -137,10 +140,20 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
+    def has_pending_loads(self) -> bool:
+        """Blocks loading from a tier (admissions or resume() prestaging): step() collects them."""
+        return self.block_manager.has_pending_loads()
+
     # ---- stepping -------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """One scheduling decision and one forward; outputs for every request that got a token."""
+        """One scheduling decision and one forward; outputs for every request that got a token.
+        With nothing to compute but blocks loading from a tier, waits for a load (up to
+        LOAD_WAIT_S, so a server loop still takes new requests) instead of returning at once."""
         sched = self.scheduler.schedule()
+        bm, deadline = self.block_manager, time.monotonic() + self.LOAD_WAIT_S
+        while not sched.seqs and bm.has_pending_loads() and (left := deadline - time.monotonic()) > 0:
+            bm.wait_loads(left)
+            sched = self.scheduler.schedule()
         if not sched.seqs:
             return []
         gens = [self.requests[s.request_id].generator for s in sched.seqs]
@@ -261,7 +274,8 @@ class LLMEngine:
         return self._memory().park(session_id, expected_gap_s)
 
     def resume(self, session_id: str) -> int:
-        """Prestage the session's KV back into G1 before its next turn. Returns blocks loaded."""
+        """Start prestaging the session's KV back into G1 before its next turn; returns at once
+        with the number of blocks being loaded (session_info(...)["blocks"]["loading"])."""
         return self._memory().resume(session_id)
 
     def drop(self, session_id: str) -> None:

@@ -5,7 +5,9 @@ first: a decoding one takes 1 token, one still in prefill takes its next chunk. 
 no block for a decoding sequence, the newest running sequence is preempted (its blocks freed,
 its KV recomputed later) and put back at the front of the waiting queue. With budget left and
 no preemption this step, waiting sequences are admitted in arrival order while their prompt's
-blocks fit; the head of the queue is never overtaken, so nothing starves.
+blocks fit; the head of the queue is never overtaken, so nothing starves. A sequence whose prefix
+the block manager loads from a lower tier waits in `loading` (out of compute, taking no budget)
+and joins the running ones at the first step after its blocks are in.
 """
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()
+        self.loading: list[Sequence] = []
         self.num_preemptions = 0
 
     def max_tokens_of(self, seq: Sequence) -> int:
@@ -62,12 +65,17 @@ class Scheduler:
         self.waiting.append(seq)
 
     def is_finished(self) -> bool:
-        return not self.waiting and not self.running
+        return not self.waiting and not self.running and not self.loading
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         bm = self.block_manager
+        for seq in bm.poll_loads():
+            if seq in self.loading:
+                self.loading.remove(seq)
+                seq.status = SequenceStatus.RUNNING
+                self.running.append(seq)
         kept: deque[Sequence] = deque()
         while self.running:
             seq = self.running.popleft()
@@ -94,15 +102,19 @@ class Scheduler:
         if out.preempted:
             return out
         now = time.time()
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        while self.waiting and budget > 0 and len(self.running) + len(self.loading) < self.max_num_seqs:
             seq = self.waiting[0]
             if not bm.can_allocate(seq):
                 break
             self.waiting.popleft()
             bm.allocate(seq)
-            seq.status = SequenceStatus.RUNNING
             if seq.metrics.first_scheduled_time is None:
                 seq.metrics.first_scheduled_time = now
+            if bm.is_loading(seq):
+                seq.status = SequenceStatus.LOADING
+                self.loading.append(seq)
+                continue
+            seq.status = SequenceStatus.RUNNING
             n = min(seq.num_uncomputed_tokens, budget)
             self.running.append(seq)
             out.seqs.append(seq)
@@ -122,13 +134,13 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         seq.metrics.finished_time = time.time()
         self.block_manager.deallocate(seq)
-        if seq in self.running:
-            self.running.remove(seq)
-        elif seq in self.waiting:
-            self.waiting.remove(seq)
+        for queue in (self.running, self.waiting, self.loading):
+            if seq in queue:
+                queue.remove(seq)
+                break
 
     def abort(self, request_id: str) -> Sequence | None:
-        for seq in (*self.running, *self.waiting):
+        for seq in (*self.running, *self.loading, *self.waiting):
             if seq.request_id == request_id:
                 self.finish(seq, "abort")
                 return seq

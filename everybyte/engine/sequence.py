@@ -11,6 +11,7 @@ from everybyte.engine.sampling_params import SamplingParams
 
 class SequenceStatus(Enum):
     WAITING = auto()
+    LOADING = auto()      # admitted, its KV blocks loading from a tier; not computed until they are in
     RUNNING = auto()
     FINISHED = auto()
 

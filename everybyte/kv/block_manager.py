@@ -2,7 +2,8 @@
 
 The interface (can_allocate / allocate / can_append / may_append / deallocate / num_free_blocks)
 is what the scheduler relies on; prefix caching and tiers extend it by giving blocks content
-names and sharing them through ref counts, without changing its callers. A sequence here is
+names and sharing them through ref counts, and by loading blocks in the background (is_loading /
+poll_loads: the scheduler keeps such a sequence out of compute until its blocks are in). A sequence here is
 anything with `len(seq)`, a `block_table` list and a `num_computed_tokens` int.
 """
 from __future__ import annotations
@@ -71,3 +72,19 @@ class BlockManager:
         """Grow a running sequence's table to cover all its tokens (the one just sampled)."""
         for _ in range(self.blocks_for(len(seq)) - len(seq.block_table)):
             seq.block_table.append(self._take())
+
+    # ---- asynchronous loads (a block manager with tiers fills some blocks in the background) ----
+    def is_loading(self, seq) -> bool:
+        """Whether an allocated sequence must wait (out of compute) for its blocks to load."""
+        return False
+
+    def poll_loads(self) -> list:
+        """Sequences whose loads finished since the last call; they may be scheduled now."""
+        return []
+
+    def has_pending_loads(self) -> bool:
+        return False
+
+    def wait_loads(self, timeout: float) -> bool:
+        """Block until a load finishes, at most timeout seconds; True if one did."""
+        return False

@@ -2,10 +2,14 @@
 G1 prefix cache, written down to lower tiers on eviction, loaded back instead of recomputed,
 and agent sessions parked off the device while they run a tool.
 
-The scheduler only sees the BlockManager calls; a hit (G1, or a lower tier loaded into fresh
-G1 blocks at admission) just starts the sequence with num_computed_tokens past the hit, so
-chunked prefill computes only the misses. Names cover everything that changes a block's bytes
-(KVNamespace), so a hit can never be wrong; a block that fails its checksum is a miss.
+The scheduler only sees the BlockManager calls; a hit just starts the sequence with
+num_computed_tokens past it, so chunked prefill computes only the misses. A G1 hit is immediate;
+blocks found in a lower tier are loaded into the sequence's fresh G1 blocks by a background job
+(block_loader) while other requests keep running, and the sequence stays out of compute
+(is_loading) until poll_loads() collects the job. Names cover everything that changes a block's
+bytes (KVNamespace), so a hit can never be wrong; a block that fails its checks is a miss.
+Blocks leave G1 in batches: everything evicted by one allocation is encoded at once and put to
+the first tier as one buffer.
 """
 from __future__ import annotations
 
@@ -13,19 +17,20 @@ import logging
 import time
 
 from everybyte.kv.block_id import KVNamespace, chain_block_ids
+from everybyte.kv.block_loader import BlockLoader
 from everybyte.kv.block_manager import BlockManager
 from everybyte.kv.ledger import ByteLedger, waste_bytes
 from everybyte.kv.prefix_cache import PrefixCache
 from everybyte.kv.sessions import SessionTable
-from everybyte.kv.tiers.codec import CorruptBlock, encode_pool_block, load_pool_block
 from everybyte.kv.tier_movement import TierSet
+from everybyte.kv.tiers.pool_codec import pool_codec
 
 log = logging.getLogger(__name__)
 
 
 class KVMemoryManager(BlockManager):
     def __init__(self, pool, namespace: KVNamespace, tiers: TierSet | None = None,
-                 ledger: ByteLedger | None = None, offload_on_park: bool = True):
+                 ledger: ByteLedger | None = None, offload_on_park: bool = True, load_timeout_s: float = 10.0):
         super().__init__(pool.num_blocks, pool.block_size)
         self.pool, self.ns = pool, namespace
         self.tiers = tiers or TierSet([])
@@ -40,7 +45,11 @@ class KVMemoryManager(BlockManager):
         self._committed: dict[int, int] = {}          # seq_id -> blocks already committed
         self.running: dict[int, object] = {}          # seq_id -> sequence holding blocks
         self.query_tokens = self.hit_tokens = 0       # prompt tokens looked up / found in any tier
-        self._prestaged_from: dict[int, str] = {}     # G1 block -> tier resume() loaded it from
+        self.codec = pool_codec(pool)
+        self.loader = BlockLoader(pool, self.tiers, load_timeout_s)
+        self.loading: dict[int, tuple] = {}           # seq_id -> (seq, jobs, G1 hits, reuse by tier, first admission)
+        self._loaded_from: dict[int, str] = {}        # G1 block -> tier a job loaded it from, until reused
+        self._evicting: list[tuple[int, bytes]] = []  # evicted blocks to write down in one batch
 
     # ---- BlockManager interface ---------------------------------------------------------------
     @property
@@ -64,9 +73,11 @@ class KVMemoryManager(BlockManager):
         return self.names_of(seq)[:(len(seq) - 1) // self.block_size]
 
     def can_allocate(self, seq) -> bool:
-        hits = self.cache.lookup(self._reusable(seq))
+        names = self._reusable(seq)
+        hits = self.cache.lookup(names)
         held = sum(self.cache.ref_count(b) == 0 for b in hits)   # evictable now, pinned once reused
-        return self.blocks_for(len(seq)) - len(hits) <= self.num_free_blocks - held
+        loading = len(self.loader.in_flight(names[len(hits):]))
+        return self.blocks_for(len(seq)) - len(hits) - loading <= self.num_free_blocks - held
 
     def allocate(self, seq) -> None:
         assert not seq.block_table, "sequence already holds blocks"
@@ -76,32 +87,88 @@ class KVMemoryManager(BlockManager):
             self.cache.unpark(sid)
         names = self._reusable(seq)
         hits = self.cache.acquire(names, sid)
-        fresh = self.cache.allocate(self.blocks_for(len(seq)) - len(hits))
-        seq.block_table = hits + fresh
+        adopted = self.loader.in_flight(names[len(hits):])      # blocks a running job is loading
+        shared = [job.blocks[i] for job, i in adopted]
+        self.cache.share(shared)
+        known = len(hits) + len(shared)
+        fresh = self._fresh(self.blocks_for(len(seq)) - known)
+        seq.block_table = hits + shared + fresh
         reused: dict[str, int] = {}
-        for b in hits:    # a block prestaged by resume() counts as reuse from the tier it came from
-            level = self._prestaged_from.pop(b, "G1")
+        for b in hits:    # a block loaded by an earlier job counts as reuse from the tier it came from
+            level = self._loaded_from.pop(b, "G1")
             reused[level] = reused.get(level, 0) + self.block_size
-        loaded = self._load(names[len(hits):], fresh, sid, reused)
-        seq.num_computed_tokens = (len(hits) + loaded) * self.block_size
-        if seq.metrics.first_scheduled_time is None:    # first admission, not a preemption's
+        jobs = {job for job, _ in adopted}
+        if n := self.tiers.may_hold(names[known:]):
+            self.cache.share(fresh[:n])
+            jobs.add(self.loader.start(names[known:known + n], fresh[:n], sid))
+        first = seq.metrics.first_scheduled_time is None        # first admission, not a preemption's
+        self.running[seq.seq_id] = seq
+        if jobs:
+            seq.num_computed_tokens = len(hits) * self.block_size
+            self._committed[seq.seq_id] = len(hits)
+            self.loading[seq.seq_id] = (seq, jobs, len(hits), reused, first)
+        else:
+            self._admit(seq, len(hits), reused, first)
+
+    def _admit(self, seq, ready: int, reused: dict, first: bool) -> None:
+        """The first `ready` blocks of the sequence hold its KV: compute from there."""
+        seq.num_computed_tokens = ready * self.block_size
+        if first:
             seq.num_cached_tokens = seq.num_computed_tokens
         self.query_tokens += len(seq)
         self.hit_tokens += seq.num_computed_tokens
-        self._committed[seq.seq_id] = len(hits) + loaded
-        self.running[seq.seq_id] = seq
+        self._committed[seq.seq_id] = ready
         self.ledger.record_prefill(0, reused)
+
+    # ---- loads in flight ---------------------------------------------------------------------
+    def is_loading(self, seq) -> bool:
+        return seq.seq_id in self.loading
+
+    def has_pending_loads(self) -> bool:
+        return bool(self.loader.jobs)
+
+    def wait_loads(self, timeout: float) -> bool:
+        return self.loader.wait(timeout)
+
+    def poll_loads(self) -> list:
+        """Collect finished loads (name their blocks); returns the sequences now ready to compute."""
+        for job in self.loader.finished():
+            for i, level in enumerate(job.loaded):
+                b = job.blocks[i]
+                if self.cache.commit(b, job.names[i], job.owner) == b:
+                    self._loaded_from[b] = level
+            for level in job.corrupt:
+                self.ledger.count("corrupt", tier=level)
+            if job.loaded:
+                self.ledger.count("loaded", len(job.loaded))
+                if job.prestage:
+                    self.ledger.count("prestaged", len(job.loaded))
+            self.cache.free(job.blocks)                       # the job's own references
+        ready = []
+        for seq_id, (seq, jobs, n, reused, first) in list(self.loading.items()):
+            if not all(job.finished for job in jobs):
+                continue
+            del self.loading[seq_id]
+            names, table = self._reusable(seq), seq.block_table
+            while n < len(names) and self.cache.name_of(table[n]) == names[n]:
+                level = self._loaded_from.pop(table[n], "G1")
+                reused[level] = reused.get(level, 0) + self.block_size
+                n += 1
+            self._admit(seq, n, reused, first)
+            ready.append(seq)
+        return ready
 
     def may_append(self, seq) -> None:
         self._commit(seq)
         need = self.blocks_for(len(seq)) - len(seq.block_table)
         if need > 0:
-            seq.block_table += self.cache.allocate(need)
+            seq.block_table += self._fresh(need)
 
     def can_append(self, seq) -> bool:
         return self.blocks_for(len(seq)) - len(seq.block_table) <= self.num_free_blocks
 
     def deallocate(self, seq) -> None:
+        self.loading.pop(seq.seq_id, None)      # its jobs run on; they hold their own references
         self._commit(seq)
         sid = getattr(seq, "session_id", None)
         if sid is not None and sid in self.sessions:
@@ -122,46 +189,40 @@ class KVMemoryManager(BlockManager):
             return
         names = self.names_of(seq)
         sid = getattr(seq, "session_id", None)
-        for i in range(done, full):
-            b = seq.block_table[i]
-            if self.cache.commit(b, names[i], sid) == b and self.tiers.write_through:
-                self.tiers.write_through_block(names[i], encode_pool_block(self.pool, b, names[i]))
+        new = [i for i in range(done, full) if self.cache.commit(seq.block_table[i], names[i], sid) == seq.block_table[i]]
+        if new and self.tiers.write_through:
+            ids, new_names = [seq.block_table[i] for i in new], [names[i] for i in new]
+            self.tiers.write_through_blocks(new_names, self.codec.store(ids, new_names))
         self._committed[seq.seq_id] = full
 
     # ---- tiers -------------------------------------------------------------------------------
     def _write_down(self, block_id: int, name: bytes) -> None:
-        self._prestaged_from.pop(block_id, None)
+        """PrefixCache.on_evict: the block's bytes are intact until _flush() stores the batch."""
+        self._loaded_from.pop(block_id, None)
         if name is not None and self.tiers.first is not None and not self.tiers.first.contains(name):
-            data = encode_pool_block(self.pool, block_id, name)
-            self.tiers.first.put(name, data)
+            self._evicting.append((block_id, name))
         self.ledger.count("evicted")
 
-    def _load(self, names: list[bytes], blocks: list[int], owner, reused: dict, prestage: bool = False) -> int:
-        """Load the longest run of `names` found in lower tiers into `blocks`; returns how many."""
-        found = self.tiers.locate(names)
-        loaded = 0
-        for (tier, buf), name, b in zip(self.tiers.fetch(found, names), names, blocks):
-            if buf is None:
-                break
-            try:
-                load_pool_block(self.pool, b, buf, verify=False)
-            except CorruptBlock as e:
-                log.warning("block %s from %s is corrupt (%s): recomputing", name.hex()[:12], tier.level, e)
-                self.ledger.count("corrupt", tier=tier.level)
-                tier.delete(name)
-                break
-            self.cache.commit(b, name, owner)
-            if prestage:
-                self._prestaged_from[b] = tier.level
-            reused[tier.level] = reused.get(tier.level, 0) + self.block_size
-            loaded += 1
-        if loaded:
-            self.ledger.count("loaded", loaded)
-        return loaded
+    def _fresh(self, n: int) -> list[int]:
+        """n fresh G1 blocks (ascending, so a sequence's blocks tend to be consecutive), after the
+        blocks evicted for them are written down."""
+        blocks = sorted(self.cache.allocate(n)) if n > 0 else []
+        self._flush()
+        return blocks
+
+    def _flush(self) -> None:
+        if not self._evicting:
+            return
+        batch, self._evicting = sorted(self._evicting), []
+        names = [n for _, n in batch]
+        pin = getattr(self.tiers.first, "pin_memory", False)
+        self.tiers.first.put_many(names, self.codec.store([b for b, _ in batch], names, pin_memory=pin))
 
     def evict_all(self) -> int:
         """Evict every unreferenced G1 block now (written down to the first tier); returns how many."""
-        return len(self.cache.evict(self.cache.num_blocks))
+        n = len(self.cache.evict(self.cache.num_blocks))
+        self._flush()
+        return n
 
     # ---- sessions ----------------------------------------------------------------------------
     def park(self, session_id: str, expected_gap_s: float | None = None) -> int:
@@ -175,20 +236,24 @@ class KVMemoryManager(BlockManager):
         if not (self.offload_on_park and self.tiers.first is not None):
             return 0
         evictable = [b for b, _ in blocks if self.cache.ref_count(b) == 0]
-        return len(self.cache.evict_blocks(evictable))
+        n = len(self.cache.evict_blocks(evictable))
+        self._flush()
+        return n
 
     def resume(self, session_id: str) -> int:
-        """Prestage the session's context back into G1 ahead of its next turn; returns blocks loaded."""
+        """Start prestaging the session's context back into G1 ahead of its next turn; returns at
+        once with the number of blocks being loaded (session_info shows them as "loading")."""
         s = self.sessions.touch(session_id)
         self.cache.unpark(session_id)
-        hits = self.cache.acquire(s.names, session_id)     # pinned while the rest loads
-        missing = s.names[len(hits):]
-        n = min(len(missing), self.cache.num_free_blocks)  # may evict idle cached blocks, never running ones
-        blocks = self.cache.allocate(n) if n else []
-        loaded = self._load(missing[:n], blocks, session_id, {}, prestage=True)
-        self.cache.free(hits + blocks)
-        self.ledger.count("prestaged", loaded)
-        return loaded
+        hits = self.cache.acquire(s.names, session_id)     # pinned while blocks for the rest are taken
+        start = len(hits) + len(self.loader.in_flight(s.names[len(hits):]))
+        missing = s.names[start:]
+        n = min(self.tiers.may_hold(missing), self.cache.num_free_blocks)   # may evict idle blocks
+        blocks = self._fresh(n)
+        self.cache.free(hits)
+        if n:
+            self.loader.start(missing[:n], blocks, session_id, prestage=True)
+        return n
 
     def drop(self, session_id: str) -> None:
         s = self.sessions.pop(session_id)
@@ -199,7 +264,8 @@ class KVMemoryManager(BlockManager):
     def session_info(self, session_id: str) -> dict:
         s = self.sessions.get(session_id)
         g1 = sum(self.cache.block_of(n) is not None for n in s.names)
-        blocks = {"G1": g1, **self.tiers.count_present(s.names)}
+        loading = sum(n in self.loader.inflight for n in s.names)
+        blocks = {"G1": g1, "loading": loading, **self.tiers.count_present(s.names)}
         return {"state": s.state, "tokens": s.num_tokens, "blocks": blocks,
                 "bytes": {k: v * self.pool.bytes_per_block for k, v in blocks.items()},
                 "expected_return": s.expected_return}
@@ -214,4 +280,6 @@ class KVMemoryManager(BlockManager):
         d = self.ledger.to_dict()
         d["sessions"] = self.sessions.counts()
         d["prefix_cache"] = {**self.cache.stats, "query_tokens": self.query_tokens, "hit_tokens": self.hit_tokens}
+        d["loads"] = {"jobs": len(self.loader.jobs), "requests_waiting": len(self.loading),
+                      "blocks_in_flight": len(self.loader.inflight)}
         return d

@@ -3,12 +3,18 @@
 The pool knows shapes and formats only (layering: kv never imports models); the engine passes
 one (num_kv_heads, head_dim) pair per layer. The block count follows from the byte budget and
 the format, so a 4.5-bit format holds ~3.5x the tokens of fp16 in the same bytes.
+
+Each field of the format (nvfp4: data, scales) is one stacked tensor per layer shape,
+[K layers + V layers, num_blocks, block_size, ...]; every layer's store is a contiguous view of
+it. So moving a batch of blocks to or from a tier is one copy per field, not one per layer.
 """
 from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 
+import torch
 
 from everybyte.formats.kv_layout import KV_CACHE_DTYPES, get_kv_format
 
@@ -52,6 +58,13 @@ def min_pool_bytes(layer_shapes, kv_cache_dtype: str, num_tokens: int, block_siz
     return -(-num_tokens // block_size) * block_size * bytes_per_token(layer_shapes, kv_cache_dtype)
 
 
+@dataclass
+class Stack:
+    key: str                              # the format's field ("data", "scales")
+    tensor: torch.Tensor                  # [len(members), num_blocks, block_size, ...]
+    members: list[tuple[str, int]]        # ("k", layer) / ("v", layer) of each row, in order
+
+
 class KVPool:
     def __init__(self, layer_shapes: list[tuple[int, int]], kv_cache_dtype: str = "nvfp4",
                  kv_cache_bytes: int | str = "64MiB", block_size: int = 16, device="cpu"):
@@ -66,8 +79,19 @@ class KVPool:
         if self.num_blocks < 1:
             raise ValueError(f"KV cache of {self.budget_bytes} bytes holds no block: one block of "
                              f"{block_size} tokens in {kv_cache_dtype} needs {self.bytes_per_block} bytes")
-        self.k = [self.fmt.allocate(self.num_blocks, block_size, h, d, device) for h, d in self.layer_shapes]
-        self.v = [self.fmt.allocate(self.num_blocks, block_size, h, d, device) for h, d in self.layer_shapes]
+        self.k: list[dict[str, torch.Tensor]] = [{} for _ in self.layer_shapes]
+        self.v: list[dict[str, torch.Tensor]] = [{} for _ in self.layer_shapes]
+        self.stacks: list[Stack] = []
+        groups: dict[tuple[int, int], list[int]] = {}
+        for layer, shape in enumerate(self.layer_shapes):
+            groups.setdefault(tuple(shape), []).append(layer)
+        for (h, d), layers in groups.items():
+            members = [("k", i) for i in layers] + [("v", i) for i in layers]
+            for key, t in self.fmt.allocate(len(members) * self.num_blocks, block_size, h, d, device).items():
+                t = t.view(len(members), self.num_blocks, *t.shape[1:])
+                self.stacks.append(Stack(key, t, members))
+                for row, (kv, layer) in enumerate(members):
+                    (self.k if kv == "k" else self.v)[layer][key] = t[row]
         self.k_scales = [self.fmt.default_scale] * len(self.layer_shapes)
         self.v_scales = [self.fmt.default_scale] * len(self.layer_shapes)
 

@@ -100,6 +100,13 @@ class PrefixCache:
             self._own(b, owner)
         return hits
 
+    def share(self, block_ids: Sequence[int]) -> None:
+        """One more reference on blocks already in use (e.g. one that a load is filling)."""
+        for b in block_ids:
+            if self.ref[b] < 1:
+                raise ValueError(f"block {b} is not in use")
+            self.ref[b] += 1
+
     def _ref(self, block_id: int) -> None:
         if self.ref[block_id] == 0:
             self.policy.remove(block_id)

@@ -4,8 +4,9 @@ Local tiers (G2 host, G3 disk) form a write-back chain: a block evicted from G1 
 first tier, and what that tier evicts spills to the next. Shared tiers (G3.5 Redis or a
 shared directory) get every newly computed full block written through asynchronously, so
 other nodes can reuse it. On admission the longest run of missing blocks is located across
-tiers (first tier that has each block) and fetched in parallel. A tier whose measured load
-speed is slower than recomputing the same tokens is skipped.
+tiers (first tier that has each block) and fetched, a batch per tier (get_many). A tier whose
+measured load speed is slower than recomputing the same tokens is skipped. Batches move down
+the chain as batches (on_evict_many -> put_many), so a host buffer becomes one disk pack.
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ class TierSet:
         self.first = local[0] if local else (self.tiers[0] if self.tiers else None)
         for upper, lower in zip(local, local[1:]):
             upper.on_evict = lambda name, data, lower=lower: lower.put_async(name, data)
+            upper.on_evict_many = lambda names, datas, lower=lower: lower.put_many_async(names, datas)
+        self.local = local
         self.write_through = [t for t in self.tiers if t.level in SHARED_LEVELS]
         self.bandwidth: dict[str, float] = {}         # level -> measured load bytes/s (EMA)
         self.prefill_tok_s: float | None = None       # the engine's measured prefill speed
@@ -50,6 +53,17 @@ class TierSet:
         old = self.bandwidth.get(tier.level)
         self.bandwidth[tier.level] = bw if old is None else 0.7 * old + 0.3 * bw
 
+    def may_hold(self, names: list[bytes]) -> int:
+        """How many leading names a load might find without asking a remote tier: the run held by
+        local tiers, or all of them when a usable shared tier could have any."""
+        if any(self.worth_loading(t) for t in self.write_through):
+            return len(names)
+        usable = [t for t in self.local if self.worth_loading(t)]
+        for i, name in enumerate(names):
+            if not any(t.contains(name) for t in usable):
+                return i
+        return len(names)
+
     def locate(self, names: list[bytes]) -> list[TierBackend]:
         """For the longest run of names each held by some usable tier: the tier to load it from."""
         usable = [t for t in self.tiers if self.worth_loading(t)]
@@ -65,35 +79,33 @@ class TierSet:
         return out
 
     def fetch(self, found: list[TierBackend], names: list[bytes]) -> list[tuple[TierBackend, object]]:
-        """Get the located blocks in parallel; (tier, buffer or None) in order."""
-        t0 = time.perf_counter()
-        futures = [t.get_async(n) for t, n in zip(found, names)]
-        out = []
-        for tier, fut in zip(found, futures):
+        """Get the located blocks, one get_many per tier; (tier, buffer or None) in order."""
+        out: list = [None] * len(found)
+        for tier in dict.fromkeys(found):
+            idx = [i for i, t in enumerate(found) if t is tier]
+            t0 = time.perf_counter()
             try:
-                out.append((tier, fut.result()))
+                bufs = tier.get_many([names[i] for i in idx])
             except Exception as e:       # a tier failing mid-read is a miss
                 log.warning("%s tier read failed: %r", tier.level, e)
-                out.append((tier, None))
-        elapsed = time.perf_counter() - t0
-        per_tier: dict[TierBackend, int] = {}
-        for tier, buf in out:
-            if buf is not None:
-                per_tier[tier] = per_tier.get(tier, 0) + _nbytes(buf)
-        for tier, nbytes in per_tier.items():
-            self.observe(tier, nbytes, elapsed)
+                bufs = [None] * len(idx)
+            self.observe(tier, sum(_nbytes(b) for b in bufs if b is not None), time.perf_counter() - t0)
+            for i, buf in zip(idx, bufs):
+                out[i] = (tier, buf)
         return out
 
     # ---- writes ------------------------------------------------------------------------------
-    def write_through_block(self, name: bytes, data) -> None:
-        if name in self._recent_puts:
-            return
-        self._recent_puts[name] = None
-        if len(self._recent_puts) > 65536:
+    def write_through_blocks(self, names: list[bytes], datas) -> None:
+        """Put newly computed blocks (rows of datas) to the shared tiers, asynchronously."""
+        keep = [i for i, n in enumerate(names) if n not in self._recent_puts]
+        for i in keep:
+            self._recent_puts[names[i]] = None
+        while len(self._recent_puts) > 65536:
             self._recent_puts.popitem(last=False)
         self._pending = [f for f in self._pending if not f.done()]
-        for t in self.write_through:
-            self._pending.append(t.put_async(name, data))
+        if keep:
+            for t in self.write_through:
+                self._pending.append(t.put_many_async([names[i] for i in keep], [datas[i] for i in keep]))
 
     def flush(self, timeout: float = 30.0) -> None:
         """Wait for asynchronous write-through puts (e.g. before a process exits)."""

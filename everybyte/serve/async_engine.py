@@ -158,7 +158,7 @@ class AsyncEngine:
         try:
             while True:
                 self._drain_inbox()
-                if not self.engine.has_unfinished_requests():
+                if not self.engine.has_unfinished_requests() and not self.engine.has_pending_loads():
                     if self._stopping and not self._inbox:
                         return
                     self._wake.wait(0.1)

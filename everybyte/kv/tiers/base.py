@@ -1,8 +1,11 @@
 """A tier below the device: a byte store of encoded blocks keyed by block name.
 
 Every backend has a byte capacity and put/get/contains/delete; a miss, a full tier, an outage or
-corrupt bytes are answers (None / False), never exceptions, and are counted. The *_async variants
-run on a small shared thread pool so the engine can overlap I/O with compute.
+corrupt bytes are answers (None / False), never exceptions, and are counted. put_many/get_many
+move a batch at once (the host tier keeps a batch in one buffer, the disk tier in one file). The
+*_async variants run on small shared thread pools so the engine can overlap I/O with compute:
+io_executor for single reads and writes (they never wait on other tasks), job_executor for tasks
+that wait on io_executor tasks (batch reads, block loads).
 Backends that persist bytes (disk, shared dir, Redis) wrap each value in a frame with a crc32.
 """
 from __future__ import annotations
@@ -13,6 +16,7 @@ import threading
 import warnings
 import zlib
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Iterable
 
@@ -21,16 +25,29 @@ log = logging.getLogger("everybyte.kv.tiers")
 FRAME = struct.Struct("<4sQI")     # magic, payload length, crc32 of payload
 FRAME_MAGIC = b"EBT1"
 
-_executor: ThreadPoolExecutor | None = None
+_executors: dict[str, ThreadPoolExecutor] = {}
 _executor_lock = threading.Lock()
 
 
-def io_executor(max_workers: int = 4) -> ThreadPoolExecutor:
-    global _executor
+def _pool(name: str, max_workers: int) -> ThreadPoolExecutor:
     with _executor_lock:
-        if _executor is None:
-            _executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="everybyte-kv-io")
-        return _executor
+        if name not in _executors:
+            _executors[name] = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"everybyte-kv-{name}")
+        return _executors[name]
+
+
+def io_executor(max_workers: int = 4) -> ThreadPoolExecutor:
+    return _pool("io", max_workers)
+
+
+def job_executor(max_workers: int = 2) -> ThreadPoolExecutor:
+    return _pool("job", max_workers)
+
+
+def parallel(fns: list[Callable]) -> list:
+    """Run fns on the io executor (the first one on this thread) and return their results."""
+    futures = [io_executor().submit(f) for f in fns[1:]]
+    return [fns[0]()] + [f.result() for f in futures] if fns else []
 
 
 def nbytes_of(data) -> int:
@@ -94,10 +111,81 @@ class TierStats:
             return dict(self.counts)
 
 
+class Unit:
+    """Blocks written at once (one host buffer, one file): where each is, and the bytes they hold."""
+    __slots__ = ("blocks", "nbytes", "path")
+
+    def __init__(self, blocks: dict, nbytes: int, path: str | None = None):
+        self.blocks, self.nbytes, self.path = blocks, nbytes, path
+
+
+class UnitIndex:
+    """Blocks by name, LRU over units; a unit's bytes count until its last block is gone, and
+    eviction takes a whole unit (its blocks were written together, so are about as old)."""
+
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.units: OrderedDict[Unit, None] = OrderedDict()
+        self.unit_of: dict[bytes, Unit] = {}
+        self.used = 0
+
+    def __len__(self) -> int:
+        return len(self.unit_of)
+
+    def __contains__(self, name) -> bool:
+        return name in self.unit_of
+
+    def add(self, unit: Unit) -> None:
+        with self.lock:
+            self.units[unit] = None
+            self.used += unit.nbytes
+            for name in unit.blocks:
+                self.remove(name)
+                self.unit_of[name] = unit
+
+    def find(self, name: bytes, touch: bool = True):
+        """(unit, where) or None."""
+        with self.lock:
+            unit = self.unit_of.get(name)
+            if unit is None:
+                return None
+            if touch:
+                self.units.move_to_end(unit)
+            return unit, unit.blocks[name]
+
+    def remove(self, name: bytes) -> Unit | None:
+        """Forget a block; returns its unit if that is now empty (its bytes are no longer counted)."""
+        with self.lock:
+            unit = self.unit_of.pop(name, None)
+            if unit is None:
+                return None
+            del unit.blocks[name]
+            if unit.blocks:
+                return None
+            self.units.pop(unit, None)
+            self.used -= unit.nbytes
+            return unit
+
+    def pop_lru(self) -> Unit | None:
+        with self.lock:
+            if not self.units:
+                return None
+            unit, _ = self.units.popitem(last=False)
+            self.used -= unit.nbytes
+            for name in unit.blocks:
+                self.unit_of.pop(name, None)
+            return unit
+
+    def names(self) -> list[bytes]:
+        with self.lock:
+            return [n for u in self.units for n in u.blocks]
+
+
 class TierBackend(ABC):
     """`kind` is host / disk / redis / shared; `level` the G-level it serves (G2, G3, G3.5, G4).
     `on_evict(name, data)` is called for blocks this tier drops to make room (e.g. to spill them
-    one tier down); data is None when the backend cannot hand the bytes back cheaply."""
+    one tier down); data is None when the backend cannot hand the bytes back cheaply. When set,
+    `on_evict_many(names, datas)` gets a whole evicted batch instead."""
     kind = "tier"
 
     def __init__(self, capacity_bytes: int, level: str = "", on_evict: Callable | None = None):
@@ -106,6 +194,7 @@ class TierBackend(ABC):
         self.capacity_bytes = int(capacity_bytes)
         self.level = level
         self.on_evict = on_evict
+        self.on_evict_many: Callable | None = None
         self.stats = TierStats()
         self._warned: set[str] = set()
 
@@ -131,6 +220,14 @@ class TierBackend(ABC):
 
     def __len__(self) -> int:
         return 0
+
+    def put_many(self, names: list[bytes], datas) -> list[bool]:
+        """Store a batch (a list of buffers, or a 2-D uint8 tensor of one block per row)."""
+        return [self.put(n, d) for n, d in zip(names, datas)]
+
+    def get_many(self, names: list[bytes]) -> list:
+        """get() of each name, reads in parallel."""
+        return parallel([lambda n=n: self.get(n) for n in names])
 
     def contains_many(self, names: Iterable[bytes]) -> list[bool]:
         return [self.contains(n) for n in names]
@@ -159,7 +256,10 @@ class TierBackend(ABC):
         return io_executor().submit(self.delete, name)
 
     def get_many_async(self, names: list[bytes]) -> Future:
-        return io_executor().submit(lambda: [self.get(n) for n in names])
+        return job_executor().submit(self.get_many, names)
+
+    def put_many_async(self, names: list[bytes], datas) -> Future:
+        return io_executor().submit(self.put_many, names, datas)
 
     # ---- helpers ------------------------------------------------------------------------------
     def _warn_once(self, key: str, msg: str, *args) -> None:
@@ -167,13 +267,16 @@ class TierBackend(ABC):
             self._warned.add(key)
             log.warning(msg, *args)
 
-    def _evicted(self, name: bytes, data) -> None:
-        self.stats.add("evictions")
-        if self.on_evict is not None:
-            try:
-                self.on_evict(name, data)
-            except Exception:
-                log.exception("%s tier: on_evict failed", self.kind)
+    def _evicted(self, names: list[bytes], datas: list) -> None:
+        self.stats.add("evictions", len(names))
+        try:
+            if self.on_evict_many is not None:
+                self.on_evict_many(names, datas)
+            elif self.on_evict is not None:
+                for name, data in zip(names, datas):
+                    self.on_evict(name, data)
+        except Exception:
+            log.exception("%s tier: on_evict failed", self.kind)
 
     def describe(self) -> dict:
         return {"kind": self.kind, "level": self.level, "capacity_bytes": self.capacity_bytes,

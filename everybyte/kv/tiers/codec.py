@@ -1,10 +1,12 @@
 """One KV block as a self-describing buffer, identical in every tier.
 
 Layout: a 16-byte prefix (magic b"EBKV", version u16, flags u16, header length u32, crc32 u32 of
-everything after the prefix), a JSON header (format, block name, per-tensor key/dtype/shape/offset,
-per-layer scales, meta, payload size), then the tensors' raw bytes, each 64-byte aligned. The
-block keeps its KV format: an NVFP4 block is packed nibbles + E4M3 scales here too.
-A block of a pool is `{"k.<layer>.<field>": pool.k[layer][field][block_id], "v...": ...}`.
+everything after the prefix), a struct-packed header, then the payload at a 64-byte boundary.
+The header holds the block name (16 bytes), the KV format, the payload size, the per-layer K and V
+scales (float64), optional JSON meta, and the tensors as segments: a run of layers of one K or V
+field (key, dtype, per-layer shape) stored back to back at one payload offset. The block keeps its
+KV format: an NVFP4 block is packed nibbles + E4M3 scales here too. All blocks of one pool share
+one header except the name, so loaders check a block by comparing bytes (see pool_codec).
 """
 from __future__ import annotations
 
@@ -19,9 +21,14 @@ import torch
 from everybyte.kv.tiers.base import as_uint8_tensor
 
 MAGIC = b"EBKV"
-VERSION = 1
-PREFIX = struct.Struct("<4sHHII")
+VERSION = 2
+PREFIX = struct.Struct("<4sHHII")      # magic, version, flags, header length, crc32
+HEAD = struct.Struct("<16s16sQHHHI")   # name, format, payload bytes, segments, k scales, v scales, meta bytes
+SEG = struct.Struct("<cBBBHHQ")        # b"k"/b"v", dtype code, ndim, key length, first layer, layers, offset
+FLAG_NAME = 1
 ALIGN = 64
+DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16,
+          torch.float32, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2, torch.bool)
 
 
 class CorruptBlock(ValueError):
@@ -41,76 +48,124 @@ class DecodedBlock:
     meta: dict = field(default_factory=dict)
 
 
-def _align(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
+@dataclass(frozen=True)
+class Segment:
+    kv: str                    # "k" or "v"
+    key: str                   # the format's field
+    dtype: torch.dtype
+    shape: tuple[int, ...]     # one layer's tensor
+    first: int                 # first layer
+    count: int                 # layers, stored back to back
+    offset: int                # in the payload
+
+    @property
+    def chunk(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    def keys(self) -> list[str]:
+        return [f"{self.kv}.{i}.{self.key}" for i in range(self.first, self.first + self.count)]
 
 
-def _dtype(name: str) -> torch.dtype:
-    dt = getattr(torch, name, None)
-    if not isinstance(dt, torch.dtype):
-        raise CorruptBlock(f"unknown dtype {name!r}")
-    return dt
+def _align(n: int, to: int = ALIGN) -> int:
+    return -(-n // to) * to
 
 
-def block_tensors(pool, block_id: int) -> dict[str, torch.Tensor]:
-    """The tensors of one pool block (views, on the pool's device)."""
-    out = {}
-    for kv, stores in (("k", pool.k), ("v", pool.v)):
-        for layer, store in enumerate(stores):
-            for key, t in store.items():
-                out[f"{kv}.{layer}.{key}"] = t[block_id]
-    return out
+def plan_segments(entries: list[tuple[str, int, str, torch.dtype, tuple]]) -> tuple[list[Segment], int]:
+    """(kv, layer, key, dtype, shape) per tensor -> segments (grouped by field, K before V, layers in
+    order) and the payload size."""
+    groups: dict[tuple, None] = {}
+    for kv, layer, key, dtype, shape in entries:
+        if kv not in ("k", "v"):
+            raise ValueError(f"block tensor {kv}.{layer}.{key}: expected k.<layer>.<field> or v.<layer>.<field>")
+        groups.setdefault((key, dtype, tuple(shape)), None)
+    rank = {g: i for i, g in enumerate(groups)}
+    ordered = sorted(entries, key=lambda e: (rank[(e[2], e[3], tuple(e[4]))], e[0], e[1]))
+    segs, off, cur = [], 0, None
+    for kv, layer, key, dtype, shape in ordered:
+        if cur and (cur.kv, cur.key, cur.dtype, cur.shape) == (kv, key, dtype, tuple(shape)) \
+                and cur.first + cur.count == layer:
+            cur = segs[-1] = Segment(kv, key, dtype, cur.shape, cur.first, cur.count + 1, cur.offset)
+            off += cur.chunk
+            continue
+        off = _align(off)
+        cur = Segment(kv, key, dtype, tuple(shape), layer, 1, off)
+        segs.append(cur)
+        off += cur.chunk
+    return segs, _align(off)
 
 
-def block_scales(pool) -> dict[str, float]:
-    return {**{f"k.{i}": float(s) for i, s in enumerate(pool.k_scales)},
-            **{f"v.{i}": float(s) for i, s in enumerate(pool.v_scales)}}
+def pack_header(fmt: str, segs: list[Segment], payload: int, k_scales: list[float], v_scales: list[float],
+                name: bytes | None = None, meta: dict | None = None) -> bytes:
+    """PREFIX (crc 0) + header, padded to the payload's start."""
+    fmt_b, meta_b = fmt.encode(), json.dumps(meta, separators=(",", ":")).encode() if meta else b""
+    if len(fmt_b) > 16 or (name is not None and len(name) != 16):
+        raise ValueError(f"format name over 16 bytes ({fmt!r}) or block name not 16 bytes")
+    parts = [HEAD.pack(name or bytes(16), fmt_b, payload, len(segs), len(k_scales), len(v_scales), len(meta_b))]
+    for s in segs:
+        key = s.key.encode()
+        parts += [SEG.pack(s.kv.encode(), DTYPES.index(s.dtype), len(s.shape), len(key), s.first, s.count, s.offset),
+                  struct.pack(f"<{len(s.shape)}I", *s.shape), key]
+    parts += [struct.pack(f"<{len(k_scales) + len(v_scales)}d", *k_scales, *v_scales), meta_b]
+    header = b"".join(parts)
+    start = _align(PREFIX.size + len(header))
+    flags = FLAG_NAME if name is not None else 0
+    return PREFIX.pack(MAGIC, VERSION, flags, len(header), 0) + header + bytes(start - PREFIX.size - len(header))
+
+
+def seal(mv: memoryview) -> None:
+    """Write the crc32 of one encoded block (a writable byte view) into its prefix."""
+    struct.pack_into("<I", mv, 12, zlib.crc32(mv[PREFIX.size:]))
+
+
+def _split_key(key: str) -> tuple[str, int, str]:
+    try:
+        kv, layer, name = key.split(".", 2)
+        return kv, int(layer), name
+    except ValueError:
+        raise ValueError(f"block tensor key {key!r}: expected k.<layer>.<field> or v.<layer>.<field>") from None
+
+
+def _scale_lists(scales: dict[str, float]) -> tuple[list[float], list[float]]:
+    out = {"k": [], "v": []}
+    for kv in out:
+        while f"{kv}.{len(out[kv])}" in scales:
+            out[kv].append(float(scales[f"{kv}.{len(out[kv])}"]))
+    if len(out["k"]) + len(out["v"]) != len(scales):
+        raise ValueError(f"scales must be keyed k.0.. and v.0.. without gaps, got {sorted(scales)}")
+    return out["k"], out["v"]
 
 
 def encode_block(tensors: dict[str, torch.Tensor], fmt: str, scales: dict[str, float] | None = None,
                  name: bytes | None = None, meta: dict | None = None,
                  pin_memory: bool = False) -> torch.Tensor:
     """Serialize one block into a 1-D uint8 CPU tensor (pinned if asked)."""
-    specs, off = [], 0
-    for key, t in tensors.items():
-        nbytes = t.numel() * t.element_size()
-        specs.append([key, str(t.dtype).removeprefix("torch."), list(t.shape), off, nbytes])
-        off = _align(off + nbytes)
-    header = json.dumps({"format": fmt, "name": None if name is None else name.hex(), "tensors": specs,
-                         "scales": dict(scales or {}), "meta": dict(meta or {}), "payload_nbytes": off},
-                        separators=(",", ":")).encode()
-    start = _align(PREFIX.size + len(header))
-    buf = torch.zeros(start + off, dtype=torch.uint8, pin_memory=pin_memory)
+    entries = [(*_split_key(k), t.dtype, tuple(t.shape)) for k, t in tensors.items()]
+    segs, payload = plan_segments(entries)
+    head = pack_header(fmt, segs, payload, *_scale_lists(dict(scales or {})), name, meta)
+    buf = torch.zeros(len(head) + payload, dtype=torch.uint8, pin_memory=pin_memory)
     on_cuda = False
-    for (key, _, _, o, n), t in zip(specs, tensors.values()):
-        if n:
-            buf[start + o:start + o + n].view(t.dtype).view(t.shape).copy_(t, non_blocking=pin_memory)
-            on_cuda |= t.is_cuda
+    for s in segs:
+        for i, key in enumerate(s.keys()):
+            t = tensors[key]
+            at = len(head) + s.offset + i * s.chunk
+            if s.chunk:
+                buf[at:at + s.chunk].view(t.dtype).view(t.shape).copy_(t, non_blocking=pin_memory)
+                on_cuda |= t.is_cuda
     if on_cuda:
         torch.cuda.current_stream().synchronize()
     mv = memoryview(buf.numpy())
-    mv[PREFIX.size:PREFIX.size + len(header)] = header
-    crc = zlib.crc32(mv[PREFIX.size:])
-    mv[:PREFIX.size] = PREFIX.pack(MAGIC, VERSION, 0, len(header), crc)
+    mv[:len(head)] = head
+    seal(mv)
     return buf
 
 
-def encode_pool_block(pool, block_id: int, name: bytes | None = None, pin_memory: bool = False,
-                      meta: dict | None = None) -> torch.Tensor:
-    return encode_block(block_tensors(pool, block_id), pool.kv_cache_dtype, block_scales(pool), name,
-                        meta, pin_memory)
-
-
-def peek_header(buf) -> dict:
-    """The JSON header of an encoded block, checked for magic and length but not checksum."""
-    return _parse(as_uint8_tensor(buf), verify=False)[0]
-
-
-def _parse(t: torch.Tensor, verify: bool) -> tuple[dict, int]:
-    mv = memoryview(t.numpy())
-    if len(mv) < PREFIX.size:
+def parse(buf, verify: bool = True) -> tuple[dict, list[Segment], int]:
+    """(header fields, segments, payload start) of an encoded block, checked for magic, version,
+    lengths and (if verify) the checksum."""
+    mv = memoryview(as_uint8_tensor(buf).numpy())
+    if len(mv) < PREFIX.size + HEAD.size:
         raise CorruptBlock(f"truncated block: {len(mv)} bytes")
-    magic, version, _, hlen, crc = PREFIX.unpack(mv[:PREFIX.size])
+    magic, version, flags, hlen, crc = PREFIX.unpack_from(mv)
     if magic != MAGIC:
         raise CorruptBlock(f"bad magic {bytes(magic)!r}")
     if version != VERSION:
@@ -118,52 +173,53 @@ def _parse(t: torch.Tensor, verify: bool) -> tuple[dict, int]:
     if PREFIX.size + hlen > len(mv):
         raise CorruptBlock("truncated block header")
     try:
-        header = json.loads(bytes(mv[PREFIX.size:PREFIX.size + hlen]))
-        start = _align(PREFIX.size + hlen)
-        total = start + int(header["payload_nbytes"])
-    except (ValueError, KeyError, TypeError) as e:
+        name, fmt, payload, nseg, nk, nv, nmeta = HEAD.unpack_from(mv, PREFIX.size)
+        pos, segs = PREFIX.size + HEAD.size, []
+        for _ in range(nseg):
+            kv, code, ndim, klen, first, count, off = SEG.unpack_from(mv, pos)
+            pos += SEG.size
+            shape = struct.unpack_from(f"<{ndim}I", mv, pos)
+            pos += 4 * ndim
+            key = bytes(mv[pos:pos + klen]).decode()
+            pos += klen
+            segs.append(Segment(kv.decode(), key, DTYPES[code], shape, first, count, off))
+        scales = struct.unpack_from(f"<{nk + nv}d", mv, pos)
+        pos += 8 * (nk + nv)
+        meta = json.loads(bytes(mv[pos:pos + nmeta])) if nmeta else {}
+        if pos + nmeta > PREFIX.size + hlen:
+            raise ValueError("header overruns its length")
+        fmt = fmt.rstrip(b"\0").decode()
+    except (struct.error, ValueError, IndexError, UnicodeDecodeError) as e:
         raise CorruptBlock(f"unreadable block header: {e}") from None
-    if total != len(mv):
-        raise CorruptBlock(f"block is {len(mv)} bytes, header says {total}")
+    start = _align(PREFIX.size + hlen)
+    if start + payload != len(mv):
+        raise CorruptBlock(f"block is {len(mv)} bytes, header says {start + payload}")
+    if any(s.offset + s.count * s.chunk > payload or s.kv not in ("k", "v") for s in segs):
+        raise CorruptBlock("a tensor does not fit the block's payload")
     if verify and zlib.crc32(mv[PREFIX.size:]) != crc:
         raise CorruptBlock("block checksum mismatch")
-    return header, start
+    header = {"format": fmt, "name": name.hex() if flags & FLAG_NAME else None, "payload_nbytes": payload,
+              "scales": {**{f"k.{i}": s for i, s in enumerate(scales[:nk])},
+                         **{f"v.{i}": s for i, s in enumerate(scales[nk:])}}, "meta": meta,
+              "tensors": [[k, str(s.dtype).removeprefix("torch."), list(s.shape)] for s in segs for k in s.keys()]}
+    return header, segs, start
+
+
+def peek_header(buf) -> dict:
+    """The header of an encoded block, checked for magic and lengths but not the checksum."""
+    return parse(buf, verify=False)[0]
 
 
 def decode_block(buf, verify: bool = True, expect_format: str | None = None) -> DecodedBlock:
     """Parse an encoded block; its tensors are views into `buf` (copy before reusing it)."""
     t = as_uint8_tensor(buf)
-    header, start = _parse(t, verify)
+    header, segs, start = parse(t, verify)
+    if expect_format is not None and header["format"] != expect_format:
+        raise FormatMismatch(f"block is {header['format']}, expected {expect_format}")
     tensors = {}
-    try:
-        for key, dtype, shape, off, nbytes in header["tensors"]:
-            dt = _dtype(dtype)
-            if nbytes != math.prod(shape) * dt.itemsize or off < 0 or off + nbytes > header["payload_nbytes"]:
-                raise CorruptBlock(f"tensor {key} does not fit its header")
-            tensors[key] = t[start + off:start + off + nbytes].view(dt).view(shape)
-        fmt, scales, meta = header["format"], header["scales"], header["meta"]
-        name = None if header["name"] is None else bytes.fromhex(header["name"])
-    except (KeyError, TypeError, ValueError) as e:
-        if isinstance(e, CorruptBlock):
-            raise
-        raise CorruptBlock(f"malformed block header: {e}") from None
-    if expect_format is not None and fmt != expect_format:
-        raise FormatMismatch(f"block is {fmt}, expected {expect_format}")
-    return DecodedBlock(fmt, tensors, {k: float(v) for k, v in scales.items()}, name, meta)
-
-
-def load_pool_block(pool, block_id: int, buf, verify: bool = True, non_blocking: bool = False) -> DecodedBlock:
-    """Decode `buf` and copy it into `pool` at `block_id`, after checking it fits the pool exactly."""
-    block = decode_block(buf, verify, expect_format=pool.kv_cache_dtype)
-    dst = block_tensors(pool, block_id)
-    if dst.keys() != block.tensors.keys():
-        raise FormatMismatch("block's tensors do not match the pool's layers")
-    for key, d in dst.items():
-        s = block.tensors[key]
-        if s.dtype != d.dtype or s.shape != d.shape:
-            raise FormatMismatch(f"{key}: block has {s.dtype}{list(s.shape)}, pool {d.dtype}{list(d.shape)}")
-    if block.scales and block.scales != block_scales(pool):
-        raise FormatMismatch("block was written with other K/V scales")
-    for key, d in dst.items():
-        d.copy_(block.tensors[key], non_blocking=non_blocking)
-    return block
+    for s in segs:
+        for i, key in enumerate(s.keys()):
+            at = start + s.offset + i * s.chunk
+            tensors[key] = t[at:at + s.chunk].view(s.dtype).view(s.shape)
+    name = None if header["name"] is None else bytes.fromhex(header["name"])
+    return DecodedBlock(header["format"], tensors, header["scales"], name, header["meta"])

@@ -1,21 +1,32 @@
 """G3: a local directory of block files, LRU within a byte capacity.
 
+One block put alone is one file (`<name>.kvb`: a frame with a crc32, then the block). A batch is
+one pack file (`<id>.kvp`: a table of names and offsets with its own crc32, then each block framed
+as above), so reading it back is one sequential read into one buffer instead of a file per block.
 Writes are atomic (temp file in the same directory, fsync, os.replace), so a crash mid-write
-leaves either no block or a whole one. Each file is framed with a crc32 checked on every read; a
-corrupt or truncated file is a miss: counted, logged once, and removed.
+leaves either nothing or a whole file. Every frame is checked on read; a corrupt or truncated
+block is a miss: counted, logged once, and forgotten. Eviction takes a whole file (UnitIndex).
 """
 from __future__ import annotations
 
 import os
-import threading
+import struct
 import time
 import uuid
-from collections import OrderedDict
+import zlib
 
-from everybyte.kv.tiers.base import FRAME, TierBackend, as_bytes_view, frame_header, unframe
+import torch
 
-SUFFIX = ".kvb"
+from everybyte.kv.tiers.base import (FRAME, TierBackend, Unit, UnitIndex, as_bytes_view, frame_header,
+                                     parallel, unframe)
+
+SUFFIX, PACK_SUFFIX = ".kvb", ".kvp"
 TMP_PREFIX = ".tmp-"
+PACK = struct.Struct("<4sII")          # magic, blocks, crc32 of the table
+ENTRY = struct.Struct("<16sQQ")        # name, offset, framed size
+PACK_MAGIC = b"EBKP"
+READ_CHUNK = 8 << 20                   # a range read by one thread (ranges in parallel)
+READ_SIZE = 128 << 10                  # one read call: sequential calls keep the kernel reading ahead
 
 
 class DiskTier(TierBackend):
@@ -27,9 +38,7 @@ class DiskTier(TierBackend):
         self.root = os.path.abspath(os.fspath(root))
         self.fsync = fsync
         os.makedirs(self.root, exist_ok=True)
-        self._index: OrderedDict[bytes, int] = OrderedDict()   # name -> file size, LRU order
-        self._used = 0
-        self._lock = threading.Lock()
+        self._index = UnitIndex()
         self.rescan(stale_tmp_s)
 
     def path(self, name: bytes) -> str:
@@ -48,36 +57,67 @@ class DiskTier(TierBackend):
                         if now - st.st_mtime >= stale_tmp_s:
                             os.unlink(p)
                     elif f.endswith(SUFFIX) and len(f) == 32 + len(SUFFIX):
-                        found.append((st.st_mtime, bytes.fromhex(f[:32]), st.st_size))
+                        found.append((st.st_mtime, Unit({bytes.fromhex(f[:32]): (0, st.st_size)}, st.st_size, p)))
+                    elif f.endswith(PACK_SUFFIX) and (blocks := read_pack_table(p)) is not None:
+                        found.append((st.st_mtime, Unit(blocks, st.st_size, p)))
+                    elif f.endswith(PACK_SUFFIX):
+                        os.unlink(p)
                 except (OSError, ValueError):
                     continue
-        found.sort()
-        with self._lock:
-            self._index = OrderedDict((name, size) for _, name, size in found)
-            self._used = sum(self._index.values())
+        found.sort(key=lambda x: x[0])
+        index = UnitIndex()
+        for _, unit in found:
+            index.add(unit)
+        self._index = index
 
-    # ---- operations ---------------------------------------------------------------------------
+    # ---- writes -------------------------------------------------------------------------------
     def put(self, name, data) -> bool:
-        payload = as_bytes_view(data)
-        size = FRAME.size + len(payload)
+        return self.put_many([name], [data])[0]
+
+    def put_many(self, names, datas) -> list[bool]:
+        payloads = [as_bytes_view(d) for d in datas]
+        new = list({n: p for n, p in zip(names, payloads) if not self._touch(n)}.items())
+        if not new:
+            return [True] * len(names)
+        if len(new) == 1:
+            name, payload = new[0]
+            path, parts = self.path(name), [frame_header(payload), payload]
+            blocks = {name: (0, FRAME.size + len(payload))}
+        else:
+            h = uuid.uuid4().hex
+            path = os.path.join(self.root, h[:2], h + PACK_SUFFIX)
+            off, blocks = PACK.size + ENTRY.size * len(new), {}
+            for name, payload in new:
+                blocks[name] = (off, FRAME.size + len(payload))
+                off += FRAME.size + len(payload)
+            table = b"".join(ENTRY.pack(n, o, s) for n, (o, s) in blocks.items())
+            parts = [PACK.pack(PACK_MAGIC, len(new), zlib.crc32(table)), table]
+            for _, payload in new:
+                parts += [frame_header(payload), payload]
+        size = sum(len(p) for p in parts)
         if size > self.capacity_bytes:
-            self.stats.add("rejected")
-            return False
-        if self.contains(name):
-            self._touch(name)
-            return True
+            self.stats.add("rejected", len(new))
+            return [n not in dict(new) for n in names]
         self._make_room(size)
-        path = self.path(name)
-        tmp = os.path.join(os.path.dirname(path), f"{TMP_PREFIX}{name.hex()}-{uuid.uuid4().hex[:12]}")
+        if not self._write(path, parts):
+            return [n not in dict(new) for n in names]
+        self._index.add(Unit(blocks, size, path))
+        self.stats.add("puts", len(new))
+        self.stats.add("bytes_written", size)
+        return [True] * len(names)
+
+    def _write(self, path: str, parts: list) -> bool:
+        tmp = os.path.join(os.path.dirname(path), f"{TMP_PREFIX}{os.path.basename(path)}-{uuid.uuid4().hex[:12]}")
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(tmp, "wb") as f:
-                f.write(frame_header(payload))
-                f.write(payload)
+                for p in parts:
+                    f.write(p)
                 f.flush()
                 if self.fsync:
                     os.fsync(f.fileno())
             os.replace(tmp, path)
+            return True
         except OSError as e:
             self.stats.add("errors")
             self._warn_once("write", "%s tier %s: cannot write blocks (%s); treating as full", self.kind,
@@ -87,44 +127,88 @@ class DiskTier(TierBackend):
             except OSError:
                 pass
             return False
-        with self._lock:
-            if name not in self._index:
-                self._used += size
-            self._index[name] = size
-            self._index.move_to_end(name)
-        self.stats.add("puts")
-        self.stats.add("bytes_written", size)
-        return True
 
+    # ---- reads --------------------------------------------------------------------------------
     def get(self, name):
-        path = self.path(name)
+        return self.get_many([name])[0]
+
+    def get_many(self, names) -> list:
+        """Blocks as views into one buffer: the blocks of one pack at adjacent offsets are read as
+        one range, ranges of up to READ_CHUNK bytes in parallel, each frame checked on its thread."""
+        where = []
+        for i, name in enumerate(names):
+            found = self._index.find(name)
+            path, off, size = (found[0].path, *found[1]) if found else (self.path(name), 0, None)
+            where.append((path, off, size, i))
+        known = sorted(w for w in where if w[2] is not None)
+        ranges = []                       # [path, offset, [(i, size), ...], bytes]
+        for path, off, size, i in known:
+            r = ranges[-1] if ranges else None
+            if r and r[0] == path and r[1] + r[3] == off and r[3] + size <= READ_CHUNK:
+                r[2].append((i, size))
+                r[3] += size
+            else:
+                ranges.append([path, off, [(i, size)], size])
+        staging = torch.empty(sum(r[3] for r in ranges), dtype=torch.uint8)
+        jobs, at = [], 0
+        for path, off, members, n in ranges:
+            jobs.append(lambda path=path, off=off, members=members, dst=staging[at:at + n]:
+                        self._read_range(path, off, members, dst))
+            at += n
+        jobs += [lambda path=path, i=i: self._read_range(path, 0, [(i, None)], None)
+                 for path, _, size, i in where if size is None]
+        out: list = [None] * len(names)
+        for results in parallel(jobs):
+            for i, payload, error in results:
+                out[i] = payload
+                if error:
+                    self._failed(names[i], error)
+                elif where[i][2] is None:        # a file this index did not know (another node's)
+                    self._index.add(Unit({names[i]: (0, payload.numel() + FRAME.size)},
+                                         payload.numel() + FRAME.size, where[i][0]))
+        hits = [p for p in out if p is not None]
+        self.stats.add("hits", len(hits))
+        self.stats.add("misses", len(out) - len(hits))
+        self.stats.add("bytes_read", sum(p.numel() + FRAME.size for p in hits))
+        return out
+
+    def _read_range(self, path: str, off: int, members: list, dst: torch.Tensor | None) -> list:
+        """Read framed blocks [(i, size)] lying back to back at `off` (size None: a whole file) into
+        dst with back-to-back sequential reads (nothing in between, so the kernel keeps reading
+        ahead), then check each frame."""
+        out, at = [], 0
         try:
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                buf = bytearray(size)
-                got = f.readinto(buf)
+            with open(path, "rb", buffering=0) as f:
+                if dst is None:
+                    dst = torch.empty(os.fstat(f.fileno()).st_size, dtype=torch.uint8)
+                    members = [(members[0][0], dst.numel())]
+                mv, got = memoryview(dst.numpy()), 0
+                while got < len(mv) and (n := os.preadv(f.fileno(), [mv[got:got + READ_SIZE]], off + got)) > 0:
+                    got += n
         except FileNotFoundError:
-            self._drop_index(name)
-            self.stats.add("misses")
-            return None
+            return [(i, None, "missing") for i, _ in members]
         except OSError as e:
-            self.stats.add("errors")
-            self.stats.add("misses")
-            self._warn_once("read", "%s tier %s: read failed (%s); treating as a miss", self.kind, self.root, e)
-            return None
-        payload = unframe(memoryview(buf)[:got])
-        if payload is None:
+            return [(i, None, e) for i, _ in members]
+        for i, size in members:
+            payload = unframe(mv[at:at + size]) if at + size <= got else None
+            out.append((i, None, "corrupt") if payload is None else (i, dst[at + FRAME.size:at + size], None))
+            at += size
+        return out
+
+    def _failed(self, name: bytes, error) -> None:
+        if error == "missing":
+            self._index.remove(name)
+            return
+        if error == "corrupt":
             self.stats.add("corrupt")
-            self.stats.add("misses")
             self._warn_once("corrupt", "%s tier %s: corrupt block %s removed (further ones only counted)",
                             self.kind, self.root, name.hex())
             self._remove(name)
-            return None
-        self._touch(name, size)
-        self.stats.add("hits")
-        self.stats.add("bytes_read", got)
-        return payload
+        else:
+            self.stats.add("errors")
+            self._warn_once("read", "%s tier %s: read failed (%s); treating as a miss", self.kind, self.root, error)
 
+    # ---- bookkeeping --------------------------------------------------------------------------
     def contains(self, name) -> bool:
         return name in self._index
 
@@ -134,42 +218,44 @@ class DiskTier(TierBackend):
             return True
         return False
 
-    # ---- bookkeeping --------------------------------------------------------------------------
-    def _touch(self, name: bytes, size: int | None = None) -> None:
-        with self._lock:
-            if name in self._index:
-                self._index.move_to_end(name)
-            elif size is not None:
-                self._index[name] = size
-                self._used += size
-
-    def _drop_index(self, name: bytes) -> None:
-        with self._lock:
-            size = self._index.pop(name, None)
-            if size is not None:
-                self._used -= size
+    def _touch(self, name: bytes) -> bool:
+        """Whether the block is stored (and mark it recently used)."""
+        if not self.contains(name):
+            return False
+        self._index.find(name)
+        return True
 
     def _remove(self, name: bytes) -> bool:
-        self._drop_index(name)
+        found = self._index.find(name, touch=False)
+        path = found[0].path if found else self.path(name)
+        freed = self._index.remove(name)
+        if found and freed is None:
+            return True               # other blocks of its pack still live there
         try:
-            os.unlink(self.path(name))
+            os.unlink(path)
             return True
         except OSError:
-            return False
+            return bool(found)
 
     def _make_room(self, size: int) -> None:
         while True:
-            with self._lock:
-                if self._used + size <= self.capacity_bytes or not self._index:
+            with self._index.lock:
+                if self._index.used + size <= self.capacity_bytes:
                     return
-                victim = next(iter(self._index))
-            self._remove(victim)
-            self._evicted(victim, None)
+                unit = self._index.pop_lru()
+            if unit is None:
+                return
+            try:
+                os.unlink(unit.path)
+            except OSError:
+                pass
+            self._evicted(list(unit.blocks), [None] * len(unit.blocks))
 
     def drop_page_cache(self, name: bytes) -> None:
         """Ask the OS to forget a block file's cached pages (for honest bandwidth probes)."""
+        found = self._index.find(name, touch=False)
         try:
-            fd = os.open(self.path(name), os.O_RDONLY)
+            fd = os.open(found[0].path if found else self.path(name), os.O_RDONLY)
             try:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
@@ -179,7 +265,20 @@ class DiskTier(TierBackend):
 
     @property
     def used_bytes(self) -> int:
-        return self._used
+        return self._index.used
 
     def __len__(self):
         return len(self._index)
+
+
+def read_pack_table(path: str) -> dict | None:
+    """A pack file's {name: (offset, framed size)}, None when its table is damaged."""
+    with open(path, "rb") as f:
+        head = f.read(PACK.size)
+        if len(head) < PACK.size:
+            return None
+        magic, count, crc = PACK.unpack(head)
+        table = f.read(ENTRY.size * count)
+    if magic != PACK_MAGIC or len(table) != ENTRY.size * count or zlib.crc32(table) != crc:
+        return None
+    return {n: (o, s) for n, o, s in ENTRY.iter_unpack(table)}

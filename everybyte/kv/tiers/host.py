@@ -1,14 +1,13 @@
-"""G2: host memory. Encoded blocks kept as uint8 tensors (pinned when CUDA is present, so loads
-into the device pool are async DMA), LRU within a byte capacity. `get` hands back the stored
-tensor itself: read it, do not write it."""
+"""G2: host memory, within a byte capacity. A batch put as one [N, block bytes] tensor (pinned
+when CUDA is present, so loads into the device pool are async DMA) is kept as that one contiguous
+buffer, each block a row of it, so a later load of those blocks is one strided copy per pool field.
+LRU over such buffers (see UnitIndex). `get` hands back a view of the stored bytes: read it, do
+not write it; the bytes stay valid as long as the caller holds the view, even after eviction."""
 from __future__ import annotations
-
-import threading
-from collections import OrderedDict
 
 import torch
 
-from everybyte.kv.tiers.base import TierBackend, as_uint8_tensor, nbytes_of
+from everybyte.kv.tiers.base import TierBackend, Unit, UnitIndex, as_uint8_tensor
 
 
 class HostTier(TierBackend):
@@ -18,13 +17,14 @@ class HostTier(TierBackend):
                  on_evict=None):
         super().__init__(capacity_bytes, level, on_evict)
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
-        self._blocks: OrderedDict[bytes, torch.Tensor] = OrderedDict()
-        self._used = 0
-        self._lock = threading.Lock()
+        self._index = UnitIndex()
+
+    def _ownable(self, data) -> bool:
+        return isinstance(data, torch.Tensor) and data.dtype == torch.uint8 and not data.is_cuda \
+            and data.is_contiguous() and (data.is_pinned() or not self.pin_memory)
 
     def _own(self, data) -> torch.Tensor:
-        if isinstance(data, torch.Tensor) and data.dtype == torch.uint8 and not data.is_cuda \
-                and (data.is_pinned() or not self.pin_memory):
+        if self._ownable(data):
             return data.reshape(-1)
         src = data if isinstance(data, torch.Tensor) else as_uint8_tensor(memoryview(data).cast("B"))
         out = torch.empty(src.numel() * src.element_size(), dtype=torch.uint8, pin_memory=self.pin_memory)
@@ -32,62 +32,69 @@ class HostTier(TierBackend):
         return out
 
     def put(self, name, data) -> bool:
-        n = nbytes_of(data)
-        if n > self.capacity_bytes:
-            self.stats.add("rejected")
-            return False
-        with self._lock:
-            if name in self._blocks:
-                self._blocks.move_to_end(name)
-                return True
-        t = self._own(data)
-        evicted = []
-        with self._lock:
-            if name in self._blocks:
-                return True
-            while self._used + n > self.capacity_bytes and self._blocks:
-                old, od = self._blocks.popitem(last=False)
-                self._used -= od.numel()
-                evicted.append((old, od))
-            self._blocks[name] = t
-            self._used += n
-        self.stats.add("puts")
-        self.stats.add("bytes_written", n)
-        for old, od in evicted:
-            self._evicted(old, od)
-        return True
+        return self.put_many([name], [data])[0]
+
+    def put_many(self, names, datas) -> list[bool]:
+        """A 2-D uint8 tensor (one block per row) is kept as one buffer; a list, one buffer a block."""
+        if isinstance(datas, torch.Tensor) and datas.dim() == 2:
+            buf = datas if self._ownable(datas) else self._own(datas).view(datas.shape)
+            units = [Unit({n: buf[i] for i, n in enumerate(names)}, buf.numel())]
+        else:
+            units = [Unit({n: t}, t.numel()) for n, t in zip(names, map(self._own, datas))]
+        ok = []
+        for unit in units:
+            new = {n: t for n, t in unit.blocks.items() if self._index.find(n) is None}
+            ok += [True] * (len(unit.blocks) - len(new))
+            if unit.nbytes > self.capacity_bytes:
+                self.stats.add("rejected", len(new))
+                ok += [False] * len(new)
+                continue
+            if not new:
+                continue
+            unit.blocks = new
+            evicted = []
+            with self._index.lock:
+                while self._index.used + unit.nbytes > self.capacity_bytes and (old := self._index.pop_lru()):
+                    evicted.append(old)
+                self._index.add(unit)
+            self.stats.add("puts", len(new))
+            self.stats.add("bytes_written", sum(t.numel() for t in new.values()))
+            ok += [True] * len(new)
+            for old in evicted:
+                self._evicted(list(old.blocks), list(old.blocks.values()))
+        return ok
 
     def get(self, name):
-        with self._lock:
-            t = self._blocks.get(name)
-            if t is not None:
-                self._blocks.move_to_end(name)
-        if t is None:
-            self.stats.add("misses")
-            return None
-        self.stats.add("hits")
-        self.stats.add("bytes_read", t.numel())
-        return t
+        return self.get_many([name])[0]
+
+    def get_many(self, names) -> list:
+        out = []
+        for name in names:
+            found = self._index.find(name)
+            out.append(None if found is None else found[1])
+        hits = [t for t in out if t is not None]
+        self.stats.add("hits", len(hits))
+        self.stats.add("misses", len(out) - len(hits))
+        self.stats.add("bytes_read", sum(t.numel() for t in hits))
+        return out
 
     def contains(self, name) -> bool:
-        return name in self._blocks
+        return name in self._index
 
     def delete(self, name) -> bool:
-        with self._lock:
-            t = self._blocks.pop(name, None)
-            if t is None:
+        with self._index.lock:
+            if name not in self._index:
                 return False
-            self._used -= t.numel()
+            self._index.remove(name)
         self.stats.add("deletes")
         return True
 
     def lru_names(self) -> list[bytes]:
-        with self._lock:
-            return list(self._blocks)
+        return self._index.names()
 
     @property
     def used_bytes(self) -> int:
-        return self._used
+        return self._index.used
 
     def __len__(self):
-        return len(self._blocks)
+        return len(self._index)

@@ -120,28 +120,34 @@ class RedisTier(TierBackend):
         return True
 
     def get(self, name):
+        return self.get_many([name])[0]
+
+    def get_many(self, names) -> list:
+        """All values in one pipelined round trip (each touched in the LRU, TTL renewed)."""
+        if not names:
+            return []
+
         def fetch():
-            p = self.r.pipeline(transaction=False)
-            p.get(self.key(name))
-            p.zadd(self._lru, {name.hex(): time.time()}, xx=True)
-            if self.ttl_s:
+            p, now = self.r.pipeline(transaction=False), time.time()
+            for name in names:
+                p.get(self.key(name))
+            p.zadd(self._lru, {n.hex(): now for n in names}, xx=True)
+            for name in names if self.ttl_s else ():
                 p.expire(self.key(name), int(self.ttl_s))
-            return p.execute()[0]
-        value = self._call(fetch, None)
-        if value is None:
-            self.stats.add("misses")
-            return None
-        payload = unframe(value)
-        if payload is None:
-            self.stats.add("corrupt")
-            self.stats.add("misses")
-            self._warn_once("corrupt", "redis tier %s: corrupt block %s deleted (further ones only counted)",
-                            self.url, name.hex())
-            self._call(lambda: self._delete_script(keys=self._keys(name), args=[name.hex()]), 0)
-            return None
-        self.stats.add("hits")
-        self.stats.add("bytes_read", len(value))
-        return payload
+            return p.execute()[:len(names)]
+        out = []
+        for name, value in zip(names, self._call(fetch, None) or [None] * len(names)):
+            payload = None if value is None else unframe(value)
+            if value is not None and payload is None:
+                self.stats.add("corrupt")
+                self._warn_once("corrupt", "redis tier %s: corrupt block %s deleted (further ones only counted)",
+                                self.url, name.hex())
+                self._call(lambda: self._delete_script(keys=self._keys(name), args=[name.hex()]), 0)
+            self.stats.add("hits" if payload is not None else "misses")
+            if payload is not None:
+                self.stats.add("bytes_read", len(value))
+            out.append(payload)
+        return out
 
     def contains(self, name) -> bool:
         return bool(self._call(lambda: self.r.exists(self.key(name)), 0))

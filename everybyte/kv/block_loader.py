@@ -1,0 +1,129 @@
+"""Loading named blocks from the tiers into G1 without blocking the engine.
+
+A LoadJob locates a run of names across the tiers (first tier that has each), fetches them (one
+batch per tier), checks every block against the pool's header and copies the good leading ones
+into the job's G1 blocks with one strided copy per pool field and run (pool_codec), all on a
+worker thread while the engine keeps stepping other requests. The engine thread starts jobs and,
+once per step, collects the finished ones to name their blocks in the prefix cache.
+
+A job holds a reference on its blocks until it is collected, so they never go to another request
+while the worker may still write them. A job past its deadline is cancelled: cancel() returns
+only once the worker can no longer write (the copy runs under the job's lock and checks the flag
+first), and whatever it did not load is recomputed. A missing, failing or corrupt block ends the
+job's run there: the blocks after it are recomputed too.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from itertools import takewhile
+from typing import Hashable
+
+import torch
+
+from everybyte.kv.tier_movement import TierSet
+from everybyte.kv.tiers.base import job_executor
+from everybyte.kv.tiers.pool_codec import pool_codec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class LoadJob:
+    names: list[bytes]
+    blocks: list[int]
+    owner: Hashable
+    prestage: bool
+    deadline: float
+    future: cf.Future | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    cancelled: bool = False
+    finished: bool = False                                  # collected by BlockLoader.finished()
+    loaded: list[str] = field(default_factory=list)         # tier level of each loaded block, in order
+    corrupt: list[str] = field(default_factory=list)        # tier levels that returned a bad block
+
+
+class BlockLoader:
+    def __init__(self, pool, tiers: TierSet, timeout_s: float = 10.0):
+        self.pool, self.tiers, self.timeout_s = pool, tiers, timeout_s
+        self.codec = pool_codec(pool)
+        self.jobs: list[LoadJob] = []
+        self.inflight: dict[bytes, tuple[LoadJob, int]] = {}     # name -> (job, index in the job)
+        self._stream = torch.cuda.Stream() if pool.stacks[0].tensor.is_cuda else None
+
+    # ---- engine thread -----------------------------------------------------------------------
+    def start(self, names: list[bytes], blocks: list[int], owner: Hashable = None,
+              prestage: bool = False) -> LoadJob:
+        """Load `names` into `blocks` (the caller gives the job one reference on each)."""
+        job = LoadJob(list(names), list(blocks), owner, prestage, time.monotonic() + self.timeout_s)
+        for i, name in enumerate(job.names):
+            self.inflight.setdefault(name, (job, i))
+        self.jobs.append(job)
+        job.future = job_executor().submit(self._run, job)
+        return job
+
+    def in_flight(self, names: list[bytes]) -> list[tuple[LoadJob, int]]:
+        """(job, index) for the leading names that some job is loading now."""
+        return list(takewhile(lambda hit: hit is not None, map(self.inflight.get, names)))
+
+    def finished(self) -> list[LoadJob]:
+        """Jobs done, or past their deadline (cancelled); each is returned once."""
+        now, out = time.monotonic(), []
+        for job in self.jobs:
+            if not job.future.done() and now >= job.deadline:
+                self.cancel(job)
+                log.warning("load of %d blocks timed out after %.1f s: recomputing", len(job.names), self.timeout_s)
+            if job.future.done() or job.cancelled:
+                out.append(job)
+        for job in out:
+            if not job.cancelled and job.future.exception() is not None:
+                log.warning("load of %d blocks failed (%r): recomputing", len(job.names), job.future.exception())
+            job.finished = True
+            self.jobs.remove(job)
+            for name in job.names:
+                if self.inflight.get(name, (None,))[0] is job:
+                    del self.inflight[name]
+        return out
+
+    def wait(self, timeout: float) -> bool:
+        """Block until a job finishes (or a deadline passes), at most `timeout` s; True if one did."""
+        if not self.jobs:
+            return False
+        timeout = min(timeout, max(min(j.deadline for j in self.jobs) - time.monotonic(), 0.0))
+        done, _ = cf.wait([j.future for j in self.jobs], timeout, return_when=cf.FIRST_COMPLETED)
+        return bool(done) or any(time.monotonic() >= j.deadline for j in self.jobs)
+
+    @staticmethod
+    def cancel(job: LoadJob) -> None:
+        """After this returns the job's worker writes nothing more into the pool."""
+        with job.lock:
+            job.cancelled = True
+
+    # ---- worker ------------------------------------------------------------------------------
+    def _run(self, job: LoadJob) -> None:
+        found = self.tiers.locate(job.names)
+        got = self.tiers.fetch(found, job.names[:len(found)]) if found else []
+        bufs = []
+        for tier, buf in got:
+            if buf is None:
+                break
+            bufs.append(buf)
+        good, err = self.codec.check_many(bufs, job.names[:len(bufs)])
+        if err is not None:
+            tier, name = got[good][0], job.names[good]
+            log.warning("block %s from %s is corrupt (%s): recomputing", name.hex()[:12], tier.level, err)
+            job.corrupt.append(tier.level)
+            tier.delete(name)
+        with job.lock:
+            if job.cancelled or not good:
+                return
+            if self._stream is None:
+                self.codec.load(bufs[:good], job.blocks[:good])
+            else:
+                with torch.cuda.stream(self._stream):
+                    self.codec.load(bufs[:good], job.blocks[:good], non_blocking=True)
+                self._stream.synchronize()
+            job.loaded = [tier.level for tier, _ in got[:good]]

@@ -1,0 +1,237 @@
+"""Many blocks of one pool at once, between the pool and encoded buffers (codec.py's format).
+
+A pool's blocks all have the same header but for the name, so encoding a batch is: one template
+copy for every header, one copy per field segment and run of consecutive block ids (the pool's
+fields are stacked, see pool.py), and a crc32 per block. Loading checks each header by comparing
+bytes against the template, then copies every run of blocks that lie at a fixed stride in one
+buffer (a host tier's batch, a disk pack read at once) into consecutive pool blocks with one copy
+per segment; what is left goes one block at a time, all in one `torch._foreach_copy_` call.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+import weakref
+import zlib
+
+import torch
+
+from everybyte.kv.tiers.base import as_uint8_tensor
+from everybyte.kv.tiers.codec import (PREFIX, CorruptBlock, FormatMismatch, decode_block, pack_header,
+                                      plan_segments, seal)
+
+_CODECS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+NAME = slice(PREFIX.size, PREFIX.size + 16)
+
+
+def block_tensors(pool, block_id: int) -> dict[str, torch.Tensor]:
+    """The tensors of one pool block (views, on the pool's device), in payload order."""
+    return {f"{kv}.{layer}.{st.key}": st.tensor[row, block_id]
+            for st in pool.stacks for row, (kv, layer) in enumerate(st.members)}
+
+
+def block_scales(pool) -> dict[str, float]:
+    return {**{f"k.{i}": float(s) for i, s in enumerate(pool.k_scales)},
+            **{f"v.{i}": float(s) for i, s in enumerate(pool.v_scales)}}
+
+
+def runs(a: list[int], b: list[int]) -> list[tuple[int, int, int]]:
+    """(i, j, n): maximal runs where a[i:i+n] and b[j:j+n] both count up by one."""
+    out, i = [], 0
+    while i < len(a):
+        n = 1
+        while i + n < len(a) and a[i + n] == a[i] + n and b[i + n] == b[i] + n:
+            n += 1
+        out.append((a[i], b[i], n))
+        i += n
+    return out
+
+
+class PoolCodec:
+    def __init__(self, pool):
+        self.pool = pool
+        entries, where = [], {}
+        for st in pool.stacks:
+            for row, (kv, layer) in enumerate(st.members):
+                entries.append((kv, layer, st.key, st.tensor.dtype, tuple(st.tensor.shape[2:])))
+                where[(kv, layer, st.key)] = (st, row)
+        self.segments, self.payload = plan_segments(entries)
+        self.views = []    # (pool bytes [rows, num_blocks, chunk], first row, rows, payload offset, chunk)
+        for s in self.segments:
+            st, row = where[(s.kv, s.first, s.key)]
+            t = st.tensor.view(torch.uint8).view(st.tensor.shape[0], st.tensor.shape[1], -1)
+            if self.views:            # K then V of one field, back to back: one copy for both
+                pt, r0, n, off, chunk = self.views[-1]
+                if pt.data_ptr() == t.data_ptr() and r0 + n == row and off + n * chunk == s.offset and chunk == s.chunk:
+                    self.views[-1] = (pt, r0, n + s.count, off, chunk)
+                    continue
+            self.views.append((t, row, s.count, s.offset, s.chunk))
+        self._scales = None
+        self._local = threading.local()     # per loading thread: a staging buffer
+        self._refresh()
+
+    def _refresh(self) -> None:
+        scales = (tuple(self.pool.k_scales), tuple(self.pool.v_scales))
+        if scales == self._scales:
+            return
+        self._scales = scales
+        self.header = pack_header(self.pool.kv_cache_dtype, self.segments, self.payload,
+                                  [float(s) for s in scales[0]], [float(s) for s in scales[1]], name=bytes(16))
+        self.start = len(self.header)
+        self.nbytes = self.start + self.payload
+        self._header_t = torch.frombuffer(bytearray(self.header), dtype=torch.uint8)
+        ends = sorted((s.offset, s.offset + s.count * s.chunk) for s in self.segments)
+        self.gaps = [(a, b) for (_, a), (b, _) in zip(ends, ends[1:] + [(self.payload, 0)]) if b > a]
+
+    def _staging(self, nbytes: int) -> torch.Tensor:
+        """A reused buffer (fresh allocations of this size cost page faults on every load)."""
+        buf = getattr(self._local, "buf", None)
+        if buf is None or buf.numel() < nbytes:
+            buf = self._local.buf = torch.empty(nbytes, dtype=torch.uint8)
+        return buf[:nbytes]
+
+    # ---- pool -> buffers ---------------------------------------------------------------------
+    def store(self, block_ids: list[int], names: list[bytes], pin_memory: bool = False) -> torch.Tensor:
+        """Encode pool blocks into one [N, nbytes] uint8 CPU tensor, row i = block_ids[i] named names[i]."""
+        self._refresh()
+        n, size, start = len(block_ids), self.nbytes, self.start
+        out = torch.empty((n, size), dtype=torch.uint8, pin_memory=pin_memory)
+        if n == 0:
+            return out
+        out[:, :start] = self._header_t
+        out[:, NAME] = torch.frombuffer(bytearray(b"".join(names)), dtype=torch.uint8).view(n, 16)
+        for a, b in self.gaps:
+            out[:, start + a:start + b] = 0
+        dst, src = [], []
+        for row, block, k in runs(list(range(n)), list(block_ids)):
+            for pool_bytes, first, rows, off, chunk in self.views:
+                dst.append(out.as_strided((rows, k, chunk), (chunk, size, 1), row * size + start + off))
+                src.append(pool_bytes[first:first + rows, block:block + k])
+        cuda = self.views[0][0].is_cuda
+        torch._foreach_copy_(dst, src, non_blocking=pin_memory and cuda)
+        if pin_memory and cuda:
+            torch.cuda.current_stream().synchronize()
+        mv = memoryview(out.view(-1).numpy())
+        for i in range(n):
+            seal(mv[i * size:(i + 1) * size])
+        return out
+
+    # ---- buffers -> pool ---------------------------------------------------------------------
+    def check(self, buf, name: bytes | None = None, verify: bool = False) -> torch.Tensor:
+        """The block as a 1-D uint8 tensor if it fits this pool (and is `name`); else raises
+        CorruptBlock, or FormatMismatch naming what differs."""
+        self._refresh()
+        t = as_uint8_tensor(buf)
+        h = self.header
+        if t.numel() != self.nbytes:
+            self._explain(t, verify)
+        head = ctypes.string_at(t.data_ptr(), self.start)       # t is a CPU tensor of nbytes bytes
+        if head[:12] != h[:12] or head[NAME.stop:] != h[NAME.stop:]:
+            self._explain(t, verify)
+        if name is not None and head[NAME] != name:
+            raise CorruptBlock(f"block is named {head[NAME].hex()}, expected {name.hex()}")
+        if verify and zlib.crc32(memoryview(t.numpy())[PREFIX.size:]) != int.from_bytes(head[12:16], "little"):
+            raise CorruptBlock("block checksum mismatch")
+        return t
+
+    def _explain(self, t: torch.Tensor, verify: bool) -> None:
+        block = decode_block(t, verify, expect_format=self.pool.kv_cache_dtype)
+        mine = {k: (v.dtype, tuple(v.shape)) for k, v in block_tensors(self.pool, 0).items()}
+        theirs = {k: (v.dtype, tuple(v.shape)) for k, v in block.tensors.items()}
+        if mine != theirs:
+            bad = sorted(mine.keys() ^ theirs.keys()) or [k for k in mine if mine[k] != theirs[k]]
+            raise FormatMismatch(f"block's tensors do not match the pool's layers (first: {bad[0]})")
+        if block.scales != block_scales(self.pool):
+            raise FormatMismatch("block was written with other K/V scales")
+        raise FormatMismatch("block's header does not match the pool's")
+
+    def check_many(self, bufs: list, names: list[bytes], verify: bool = False) -> tuple[int, Exception | None]:
+        """How many leading blocks fit this pool under their names, and why the next one does not.
+        Blocks at a fixed stride in one buffer are compared against the template in one go."""
+        self._refresh()
+        bufs = [as_uint8_tensor(b) for b in bufs]
+        i = 0
+        for first, stride, n in _pieces(bufs, self.nbytes):
+            if n > 1 and not verify:
+                heads = first.as_strided((n, self.start), (stride, 1), first.storage_offset())
+                want = torch.frombuffer(bytearray(b"".join(names[i:i + n])), dtype=torch.uint8).view(n, 16)
+                ok = (heads[:, :12] == self._header_t[:12]).all(1) & (heads[:, NAME] == want).all(1) \
+                    & (heads[:, NAME.stop:] == self._header_t[NAME.stop:]).all(1)
+                good = int(ok.cumprod(0).sum())
+                if good == n:
+                    i += n
+                    continue
+                i += good
+            for j in range(i, i + n):
+                try:
+                    self.check(bufs[j], names[j], verify)
+                except CorruptBlock as e:
+                    return j, e
+            i += n
+        return i, None
+
+    def load(self, bufs: list[torch.Tensor], block_ids: list[int], non_blocking: bool = False) -> None:
+        """Copy checked blocks (see check) into the pool at block_ids."""
+        if not bufs:
+            return
+        order = sorted(range(len(bufs)), key=block_ids.__getitem__)
+        bufs, ids, nb = [as_uint8_tensor(bufs[i]) for i in order], [block_ids[i] for i in order], self.nbytes
+        pieces, i = [], 0
+        for first, stride, n in _pieces(bufs, nb, ids):
+            pieces.append((first, first.storage_offset(), stride, ids[i], n))
+            i += n
+        dst, src = [], []
+        if len(pieces) > max(4, len(bufs) // 4):          # scattered: stage them in block order first
+            staged = torch.cat(bufs, out=self._staging(len(bufs) * nb))
+            blocks = runs(list(range(len(ids))), ids)
+            if len(blocks) > max(4, len(bufs) // 4):       # scattered pool blocks too: one indexed copy
+                index = torch.tensor(ids, device=self.views[0][0].device)
+                for pool_bytes, row, rows, off, chunk in self.views:
+                    w = next(w for w in (8, 4, 2, 1) if chunk % w == 0 and (self.start + off) % w == 0)
+                    dt = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}[w]
+                    part = staged.view(dt).as_strided((rows, len(ids), chunk // w), (chunk // w, nb // w, 1),
+                                                      (self.start + off) // w)
+                    pool_bytes.view(dt)[row:row + rows].index_copy_(1, index, part.to(index.device))
+                return
+            pieces = [(staged, r * nb, nb, b, k) for r, b, k in blocks]
+        for t, base, stride, block, n in pieces:
+            for pool_bytes, row, rows, off, chunk in self.views:
+                src.append(t.as_strided((rows, n, chunk), (chunk, stride, 1), base + self.start + off))
+                dst.append(pool_bytes[row:row + rows, block:block + n])
+        torch._foreach_copy_(dst, src, non_blocking=non_blocking)
+
+
+def _pieces(bufs: list[torch.Tensor], nbytes: int, ids: list[int] | None = None):
+    """Split bufs (in order) into (first, stride, n): runs lying at one stride >= nbytes in one
+    buffer (and, given ids, going to consecutive ids)."""
+    i = 0
+    while i < len(bufs):
+        first, n, stride = bufs[i], 1, nbytes
+        while i + n < len(bufs):
+            nxt = bufs[i + n]
+            gap = nxt.data_ptr() - first.data_ptr()
+            if n == 1:
+                stride = gap
+            if stride < nbytes or gap != n * stride or (ids is not None and ids[i + n] != ids[i] + n) \
+                    or nxt.untyped_storage().data_ptr() != first.untyped_storage().data_ptr():
+                break
+            n += 1
+        yield first, stride if n > 1 else nbytes, n
+        i += n
+
+
+def pool_codec(pool) -> PoolCodec:
+    codec = _CODECS.get(pool)
+    if codec is None:
+        codec = _CODECS[pool] = PoolCodec(pool)
+    return codec
+
+
+def encode_pool_block(pool, block_id: int, name: bytes | None = None, pin_memory: bool = False) -> torch.Tensor:
+    return pool_codec(pool).store([block_id], [name or bytes(16)], pin_memory)[0]
+
+
+def load_pool_block(pool, block_id: int, buf, verify: bool = True, non_blocking: bool = False) -> None:
+    """Check `buf` fits `pool` exactly and copy it into `pool` at `block_id`."""
+    codec = pool_codec(pool)
+    codec.load([codec.check(buf, verify=verify)], [block_id], non_blocking)

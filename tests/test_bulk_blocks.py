@@ -1,0 +1,120 @@
+"""Batches of blocks between the pool and the tiers (no model): the pool codec's bulk store and
+load, host buffers holding a batch, disk packs read back with one call."""
+import os
+import random
+
+import pytest
+import torch
+
+from everybyte.kv.block_id import KVNamespace, chain_block_ids
+from everybyte.kv.pool import KVPool
+from everybyte.kv.tiers import CorruptBlock, DiskTier, FormatMismatch, HostTier, decode_block, pool_codec
+from everybyte.kv.tiers.disk import read_pack_table
+from everybyte.kv.tiers.pool_codec import block_tensors
+
+SHAPES = [(3, 64)] * 6
+NAMES = chain_block_ids(KVNamespace("m", block_size=16), list(range(16 * 40)))
+
+
+def random_pool(fmt="nvfp4", seed=0) -> KVPool:
+    pool = KVPool(SHAPES, fmt, "4MiB", 16)
+    g = torch.Generator().manual_seed(seed)
+    for st in pool.stacks:
+        st.tensor.view(torch.uint8).copy_(torch.randint(0, 256, st.tensor.view(torch.uint8).shape, generator=g,
+                                                        dtype=torch.uint8))
+    return pool
+
+
+def same_block(a: KVPool, i: int, b: KVPool, j: int) -> bool:
+    return all(torch.equal(x.view(torch.uint8), y.view(torch.uint8))
+               for x, y in zip(block_tensors(a, i).values(), block_tensors(b, j).values()))
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp16"])
+def test_pool_fields_are_stacked_and_layers_are_views(fmt):
+    pool = KVPool(SHAPES, fmt, "4MiB", 16)
+    assert len(pool.stacks) == len(pool.k[0]) and all(len(st.members) == 2 * len(SHAPES) for st in pool.stacks)
+    for st in pool.stacks:
+        for row, (kv, layer) in enumerate(st.members):
+            t = (pool.k if kv == "k" else pool.v)[layer][st.key]
+            assert t.is_contiguous() and t.data_ptr() == st.tensor[row].data_ptr()
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp16"])
+def test_bulk_store_and_load_any_block_order(fmt):
+    src, dst = random_pool(fmt, 1), random_pool(fmt, 2)
+    codec, other = pool_codec(src), pool_codec(dst)
+    ids = [3, 4, 5, 9, 0, 1, 20]
+    batch = codec.store(ids, NAMES[:len(ids)])
+    assert batch.shape == (len(ids), codec.nbytes)
+    for i, row in enumerate(batch):                      # every row is a plain, checksummed block
+        d = decode_block(row, verify=True, expect_format=fmt)
+        assert d.name == NAMES[i] and d.tensors.keys() == block_tensors(src, ids[i]).keys()
+    for targets in ([10, 11, 12, 13, 14, 15, 16], random.Random(0).sample(range(40), len(ids))):
+        for bufs in ([row for row in batch], [row.clone() for row in batch]):   # one buffer / scattered
+            assert other.check_many(bufs, NAMES[:len(ids)]) == (len(ids), None)
+            other.load(bufs, targets)
+            assert all(same_block(src, i, dst, t) for i, t in zip(ids, targets))
+
+
+def test_check_stops_at_the_first_bad_block_and_names_mismatches():
+    pool = random_pool()
+    codec = pool_codec(pool)
+    batch = codec.store([0, 1, 2, 3], NAMES[:4])
+    bufs = [row for row in batch]
+    assert codec.check_many(bufs, NAMES[:2] + [NAMES[9]] + NAMES[3:4])[0] == 2     # wrong name
+    bad = batch.clone()
+    bad[1, 2] ^= 0xFF                                       # magic of the second block
+    good, err = codec.check_many([row for row in bad], NAMES[:4])
+    assert good == 1 and isinstance(err, CorruptBlock)
+    bad = batch[2].clone()
+    bad[-5] ^= 1                                            # payload: only a checksum sees it
+    assert codec.check_many([bad], [NAMES[2]])[0] == 1
+    assert codec.check_many([bad], [NAMES[2]], verify=True)[0] == 0
+    with pytest.raises(FormatMismatch, match="nvfp4, expected fp16"):
+        pool_codec(random_pool("fp16")).check(batch[0])
+    fewer = KVPool(SHAPES[:-1], "nvfp4", "4MiB", 16)
+    with pytest.raises(FormatMismatch, match="layers"):
+        pool_codec(fewer).check(batch[0])
+
+
+def test_host_tier_keeps_a_batch_as_one_buffer():
+    codec = pool_codec(random_pool())
+    batch = codec.store(list(range(8)), NAMES[:8])
+    spilled = []
+    host = HostTier(20 * codec.nbytes, pin_memory=False)
+    host.on_evict_many = lambda names, datas: spilled.append(list(names))
+    assert host.put_many(NAMES[:8], batch) == [True] * 8
+    got = host.get_many(NAMES[:8])
+    assert all(g.untyped_storage().data_ptr() == batch.untyped_storage().data_ptr() for g in got)
+    assert host.used_bytes == batch.numel() and len(host) == 8
+    assert host.put_many(NAMES[8:18], codec.store(list(range(10)), NAMES[8:18])) == [True] * 10
+    assert host.delete(NAMES[0]) and host.used_bytes == 18 * codec.nbytes       # the buffer stays whole
+    host.put_many(NAMES[20:24], codec.store(list(range(4)), NAMES[20:24]))         # evicts the oldest batch
+    assert spilled == [NAMES[1:8]] and not host.contains(NAMES[3]) and host.used_bytes == 14 * codec.nbytes
+
+
+def test_disk_pack_is_read_back_in_one_buffer(tmp_path):
+    codec = pool_codec(random_pool())
+    batch = codec.store(list(range(6)), NAMES[:6])
+    disk = DiskTier(tmp_path, 1 << 30)
+    assert disk.put_many(NAMES[:6], batch) == [True] * 6
+    packs = list(tmp_path.rglob("*.kvp"))
+    assert len(packs) == 1 and len(read_pack_table(str(packs[0]))) == 6
+    got = disk.get_many(NAMES[:6])
+    assert len({g.untyped_storage().data_ptr() for g in got}) == 1                  # one read, one buffer
+    assert all(torch.equal(g, row) for g, row in zip(got, batch))
+    restarted = DiskTier(tmp_path, 1 << 30)
+    assert len(restarted) == 6 and restarted.used_bytes == disk.used_bytes == os.path.getsize(packs[0])
+    offset, size = read_pack_table(str(packs[0]))[NAMES[3]]
+    with open(packs[0], "r+b") as f:                        # one damaged block inside the pack
+        f.seek(offset + size // 2)
+        byte = f.read(1)
+        f.seek(offset + size // 2)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    got = restarted.get_many(NAMES[:6])
+    assert [g is not None for g in got] == [True, True, True, False, True, True]
+    assert restarted.stats["corrupt"] == 1 and not restarted.contains(NAMES[3]) and len(restarted) == 5
+    for name in NAMES[:6]:
+        restarted.delete(name)
+    assert not list(tmp_path.rglob("*.kvp")) and restarted.used_bytes == 0

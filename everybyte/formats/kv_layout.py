@@ -149,7 +149,7 @@ class NVFP4KV(KVFormat):
         return {"data": packed, "scales": scales}
 
     def write(self, store, slot_mapping, x, scale):
-        if _c_kernels(x) and slot_mapping.numel():
+        if _c_kernels(x) and slot_mapping.numel() and _flat(store):
             cpu_kernels.kv_write(store["data"], store["scales"], slot_mapping, x, float(scale), divisors("cpu"))
         else:
             super().write(store, slot_mapping, x, scale)
@@ -160,7 +160,7 @@ class NVFP4KV(KVFormat):
         scattered: half the per-call overhead, which dominates at decode batch sizes."""
         if slot_mapping.numel() == 0:
             return
-        if _c_kernels(k):
+        if _c_kernels(k) and _flat(k_store) and _flat(v_store):
             self.write(k_store, slot_mapping, k, k_scale)
             self.write(v_store, slot_mapping, v, v_scale)
             return
@@ -178,7 +178,7 @@ class NVFP4KV(KVFormat):
                 t.view(-1, *t.shape[2:])[slot_mapping] = value
 
     def read(self, store, block_ids, scale, dtype=torch.float32):
-        if _c_kernels(store["data"]) and dtype in (torch.float32, torch.bfloat16):
+        if _c_kernels(store["data"]) and _flat(store) and dtype in (torch.float32, torch.bfloat16):
             out = cpu_kernels.kv_gather(store["data"], store["scales"], block_ids, float(scale), dtype)
             return out.view(*block_ids.shape, *store["data"].shape[1:-1], -1)
         return super().read(store, block_ids, scale, dtype)
@@ -189,6 +189,11 @@ class NVFP4KV(KVFormat):
 
 def _c_kernels(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and cpu_kernels.available()
+
+
+def _flat(store: dict[str, torch.Tensor]) -> bool:
+    """The C kernels address a block by id * its bytes: the store must be contiguous."""
+    return all(t.is_contiguous() for t in store.values())
 
 
 _FORMATS = {

@@ -34,6 +34,9 @@ def test_tool_call_turn_parks_its_session():
         def has_unfinished_requests(self):
             return False
 
+        def has_pending_loads(self):
+            return False
+
         def park(self, sid, expected_gap_s=None):
             self.parked.append(sid)
 

@@ -195,6 +195,13 @@ static inline void dequant_block(const uint8_t* p, float sc, float sb, float* v)
 #endif
 }
 
+static inline void dequant_block_bf16(const uint8_t* p, float sc, float sb, uint16_t* out) {
+    vu u;
+    dequant_block(p, sc, sb, (float*)&u);
+    vh h = __builtin_convertvector((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16, vh);       /* nearest even */
+    memcpy(out, &h, 32);
+}
+
 void dequantize_f32(const uint8_t* packed, const uint8_t* scales, int64_t nb, const float* s, int64_t ss,
                     const float* e4m3, float* out, int nt) {
     #pragma omp parallel for num_threads(nt) schedule(dynamic, 1024)
@@ -204,11 +211,6 @@ void dequantize_f32(const uint8_t* packed, const uint8_t* scales, int64_t nb, co
 void dequantize_bf16(const uint8_t* packed, const uint8_t* scales, int64_t nb, const float* s, int64_t ss,
                      const float* e4m3, uint16_t* out, int nt) {
     #pragma omp parallel for num_threads(nt) schedule(dynamic, 1024)
-    for (int64_t b = 0; b < nb; b++) {
-        vu u;
-        dequant_block(packed + 8 * b, e4m3[scales[b]], s[b * ss], (float*)&u);
-        vh h = __builtin_convertvector((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16, vh);   /* nearest even */
-        memcpy(out + 16 * b, &h, 32);
-    }
+    for (int64_t b = 0; b < nb; b++) dequant_block_bf16(packed + 8 * b, e4m3[scales[b]], s[b * ss], out + 16 * b);
 }
 """

@@ -74,11 +74,8 @@ void kv_gather(const uint8_t* data, const uint8_t* scales, const int64_t* ids, i
         const uint8_t* p = data + 8 * ids[i] * per;
         const uint8_t* sc = scales + ids[i] * per;
         for (int64_t j = 0; j < per; j++) {
-            if (!bf16) { dequant_block(p + 8 * j, e4m3[sc[j]], s, (float*)out + 16 * (i * per + j)); continue; }
-            vu u;
-            dequant_block(p + 8 * j, e4m3[sc[j]], s, (float*)&u);
-            vh h = __builtin_convertvector((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16, vh);
-            memcpy((uint16_t*)out + 16 * (i * per + j), &h, 32);
+            if (bf16) dequant_block_bf16(p + 8 * j, e4m3[sc[j]], s, (uint16_t*)out + 16 * (i * per + j));
+            else dequant_block(p + 8 * j, e4m3[sc[j]], s, (float*)out + 16 * (i * per + j));
         }
     }
 }

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from everybyte.models import gemm
 from everybyte.models.attention import AttentionMetadata, LayerKVCache, paged_attention
 from everybyte.models.config import ModelConfig
 from everybyte.models.rope import RotaryEmbedding
@@ -26,7 +27,7 @@ class Linear(nn.Module):
         self.bias = _param(out_features, dtype=dtype) if bias else None
 
     def forward(self, x):
-        return F.linear(x, self.weight, self.bias)
+        return gemm.linear(x, self.weight, self.bias)
 
 
 class Embedding(nn.Module):
@@ -148,7 +149,7 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        return gemm.linear(hidden, weight).float()
 
     def _weight_table(self) -> dict[str, tuple[nn.Parameter, int, int]]:
         """HF name -> (parameter, row offset, rows) for every weight the model needs."""

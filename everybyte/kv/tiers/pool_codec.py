@@ -108,7 +108,7 @@ class PoolCodec:
                 dst.append(out.as_strided((rows, k, chunk), (chunk, size, 1), row * size + start + off))
                 src.append(pool_bytes[first:first + rows, block:block + k])
         cuda = self.views[0][0].is_cuda
-        torch._foreach_copy_(dst, src, non_blocking=pin_memory and cuda)
+        _copy_all(dst, src, non_blocking=pin_memory and cuda)
         if pin_memory and cuda:
             torch.cuda.current_stream().synchronize()
         mv = memoryview(out.view(-1).numpy())
@@ -198,7 +198,25 @@ class PoolCodec:
             for pool_bytes, row, rows, off, chunk in self.views:
                 src.append(t.as_strided((rows, n, chunk), (chunk, stride, 1), base + self.start + off))
                 dst.append(pool_bytes[row:row + rows, block:block + n])
-        torch._foreach_copy_(dst, src, non_blocking=non_blocking)
+        _copy_all(dst, src, non_blocking=non_blocking)
+
+
+def _copy_all(dst: list[torch.Tensor], src: list[torch.Tensor], non_blocking: bool = False) -> None:
+    """One foreach copy of [rows, n, chunk] byte views, each reinterpreted as the widest integer
+    word its chunk, strides and offsets allow: torch copies such strided chunks element by element,
+    so 8-byte elements move the same bytes ~1.3x faster than bytes."""
+    torch._foreach_copy_([_as_words(d) for d in dst], [_as_words(s) for s in src], non_blocking=non_blocking)
+
+
+def _as_words(t: torch.Tensor) -> torch.Tensor:
+    rows, n, chunk = t.shape
+    for w, dtype in ((8, torch.int64), (4, torch.int32), (2, torch.int16)):
+        if chunk % w == 0 and t.stride(0) % w == 0 and t.stride(1) % w == 0 and t.storage_offset() % w == 0 \
+                and t.untyped_storage().data_ptr() % w == 0:
+            base = torch.empty(0, dtype=dtype, device=t.device).set_(t.untyped_storage())
+            return base.as_strided((rows, n, chunk // w), (t.stride(0) // w, t.stride(1) // w, 1),
+                                   t.storage_offset() // w)
+    return t
 
 
 def _pieces(bufs: list[torch.Tensor], nbytes: int, ids: list[int] | None = None):

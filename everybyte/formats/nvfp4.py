@@ -73,7 +73,10 @@ def _global_scale(amax: torch.Tensor, global_amax) -> torch.Tensor:
         amax = torch.as_tensor(global_amax, dtype=torch.float32, device=amax.device).reshape(())
         if not bool(torch.isfinite(amax)) or bool(amax < 0):
             raise ValueError(f"global_amax must be finite and >= 0, got {amax.item()}")
-    return amax.float() / AMAX_TO_SCALE
+    s = amax.float() / AMAX_TO_SCALE
+    # an amax of a few denormals would make the scale 0 (every block then decodes to 0 while the
+    # format promises |error| <= 6 * 2^-10 * scale): keep it at the smallest normal float instead
+    return torch.where((s == 0) & (amax > 0), torch.finfo(torch.float32).tiny, s)
 
 
 def quantize(x: torch.Tensor, global_amax: float | torch.Tensor | None = None, pad: bool = False) -> NVFP4Tensor:

@@ -64,6 +64,7 @@ class EngineConfig:
     kv_tiers: str | None = "host:1GiB"     # tiers below G1, e.g. "host:2GiB,disk:/path:20GiB"; None/"none" = off
     offload_on_park: bool = True           # a parked session's KV leaves G1 at once (to the first tier)
     kv_load_timeout_s: float = 10.0        # a tier load not done by then is abandoned and recomputed
+    kv_exact_tail: bool = True             # fp8/nvfp4: each sequence's last block also kept unquantized
 
     def __post_init__(self):
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:

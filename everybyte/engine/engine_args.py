@@ -22,6 +22,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="KV tiers below the device, e.g. host:2GiB,disk:/path:20GiB,redis://127.0.0.1:6379:8GiB,"
                         "shared:/mnt/kv:100GiB,cold:/mnt/cold:1TiB; 'none' for none")
     g.add_argument("--no-prefix-caching", action="store_true", help="never reuse KV across requests")
+    g.add_argument("--no-kv-exact-tail", action="store_true",
+                   help="fp8/nvfp4: quantize each sequence's last block too (no unquantized slot per sequence)")
     g.add_argument("--no-offload-on-park", action="store_true",
                    help="keep a parked session's KV on the device until G1 needs the room")
     return p
@@ -32,4 +34,5 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
             "dtype": args.dtype, "block_size": args.block_size, "max_model_len": args.max_model_len,
             "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
             "device": args.device, "kv_tiers": args.kv_tiers,
-            "enable_prefix_caching": not args.no_prefix_caching, "offload_on_park": not args.no_offload_on_park}
+            "enable_prefix_caching": not args.no_prefix_caching, "offload_on_park": not args.no_offload_on_park,
+            "kv_exact_tail": not args.no_kv_exact_tail}

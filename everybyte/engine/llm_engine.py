@@ -63,7 +63,7 @@ class LLMEngine:
         self.block_manager = self._block_manager(mc)
         self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens,
                                    self.max_model_len)
-        self.model_runner = ModelRunner(loaded.model, self.pool, Sampler(cfg.seed))
+        self.model_runner = ModelRunner(loaded.model, self.pool, Sampler(cfg.seed), cfg.kv_exact_tail)
         self.eos_token_ids = set(self.tokenizer.eos_token_ids) | set(mc.eos_token_ids)
         self.requests: dict[str, _Request] = {}
         self._ids = count()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from everybyte.engine.exact_tail import ExactTail
 from everybyte.engine.sampler import Sampler, SamplerOutput, SamplingTensors
 from everybyte.engine.sequence import Sequence
 from everybyte.kv.pool import KVPool, min_pool_bytes
@@ -44,20 +45,26 @@ def calibrate_kv_amax(model, layer_shapes: list[tuple[int, int]], token_ids: lis
     return [read(k) for k in pool.k], [read(v) for v in pool.v]
 
 
+LOSSY_KV = ("fp8", "nvfp4")     # formats whose sequences keep their last block exact (exact_tail)
+
+
 class ModelRunner:
-    def __init__(self, model, pool: KVPool, sampler: Sampler | None = None):
+    def __init__(self, model, pool: KVPool, sampler: Sampler | None = None, exact_tail: bool = True):
         self.model = model
         self.pool = pool
         self.block_size = pool.block_size
         self.device = next(model.parameters()).device
         self.vocab_size = model.config.vocab_size
         self.sampler = sampler or Sampler()
+        self.exact_tail = (ExactTail(pool, next(model.parameters()).dtype, self.device)
+                           if exact_tail and pool.kv_cache_dtype in LOSSY_KV else None)
         self.kv_caches: list[LayerKVCache] = []
         self.refresh_caches()
 
     def refresh_caches(self) -> None:
-        p = self.pool
-        self.kv_caches = [LayerKVCache(p.fmt, p.k[i], p.v[i], p.k_scales[i], p.v_scales[i], p.block_size)
+        p, t = self.pool, self.exact_tail
+        self.kv_caches = [LayerKVCache(p.fmt, p.k[i], p.v[i], p.k_scales[i], p.v_scales[i], p.block_size,
+                                       t and t.k[i], t and t.v[i])
                           for i in range(p.num_layers)]
 
     def prepare(self, seqs: list[Sequence], num_new_tokens: list[int]):
@@ -77,8 +84,14 @@ class ModelRunner:
         max_blocks = max(len(seq.block_table) for seq in seqs)
         tables = [seq.block_table + [0] * (max_blocks - len(seq.block_table)) for seq in seqs]
         as_long = lambda x: torch.tensor(x, dtype=torch.long, device=self.device)
+        tail_slots = None
+        if self.exact_tail is not None:
+            capacity = self.exact_tail.capacity
+            tail_slots = self.exact_tail.assign(seqs, {seq.seq_id for seq in seqs})
+            if self.exact_tail.capacity != capacity:
+                self.refresh_caches()
         meta = AttentionMetadata(slot_mapping=as_long(slots), query_lens=list(num_new_tokens),
-                                 context_lens=context_lens, block_tables=as_long(tables))
+                                 context_lens=context_lens, block_tables=as_long(tables), tail_slots=tail_slots)
         return as_long(input_ids), as_long(positions), meta
 
     @torch.inference_mode()
@@ -88,6 +101,8 @@ class ModelRunner:
         default all rows), "all" (every new token) or "none"."""
         input_ids, positions, meta = self.prepare(seqs, num_new_tokens)
         hidden = self.model(input_ids, positions, meta, self.kv_caches)
+        if self.exact_tail is not None:
+            self.exact_tail.advance(seqs, num_new_tokens)
         if logits == "none":
             return None
         if logits == "all":

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from everybyte.formats.kv_layout import KVFormat, hadamard
+from everybyte.models.own_block_attention import own_block_attention
 
 
 @dataclass
@@ -17,6 +18,8 @@ class LayerKVCache:
     k_scale: float
     v_scale: float
     block_size: int
+    tail_k: torch.Tensor | None = None    # [slots, block_size, Hkv, D]: engine.exact_tail
+    tail_v: torch.Tensor | None = None
 
 
 @dataclass
@@ -25,6 +28,7 @@ class AttentionMetadata:
     query_lens: list[int]             # new tokens per sequence (sum = T)
     context_lens: list[int]           # tokens per sequence including the new ones
     block_tables: torch.Tensor        # [B, max_blocks], padded with 0
+    tail_slots: list[int] | None = None   # each sequence's exact-tail slot (None: no exact tails)
     derived: dict = field(default_factory=dict, repr=False, compare=False)  # per-step memo
 
 
@@ -44,16 +48,66 @@ def _attend(q, k, v, cache: LayerKVCache, meta: AttentionMetadata, scale: float)
     plan = meta.derived.get("plan")
     if plan is None:
         plan = meta.derived["plan"] = _plan(meta, cache.block_size, q.device)
+        meta.derived["block_size"] = cache.block_size
     decode_tokens, decode_rows, decode_mask, prefills = plan
+    tails = meta.tail_slots is not None and cache.tail_k is not None
+    exact = [_exact_own_blocks(k, v, cache, meta, p) for p in prefills] if tails else [None] * len(prefills)
+    if tails:
+        index = meta.derived.get("tail_index")
+        if index is None:
+            index = meta.derived["tail_index"] = _tail_index(meta, cache.block_size, q.device)
+        tokens, flat = index
+        cache.tail_k.view(-1, *k.shape[1:])[flat] = k[tokens].to(cache.tail_k.dtype)
+        cache.tail_v.view(-1, *v.shape[1:])[flat] = v[tokens].to(cache.tail_v.dtype)
     if not prefills:
-        return _decode(q, cache, meta.block_tables, decode_mask, scale)
+        return _decode(q, cache, meta.block_tables, decode_mask, scale, _decode_tails(meta, decode_rows, tails))
     out = torch.empty_like(q)
     if decode_tokens is not None:
-        out[decode_tokens] = _decode(q[decode_tokens], cache, meta.block_tables[decode_rows],
-                                     decode_mask, scale)
-    for row, start, n, ctx in prefills:
-        out[start:start + n] = _prefill(q[start:start + n], cache, meta.block_tables[row], ctx, scale)
+        out[decode_tokens] = _decode(q[decode_tokens], cache, meta.block_tables[decode_rows], decode_mask,
+                                     scale, _decode_tails(meta, decode_rows, tails))
+    for (row, start, n, ctx), own in zip(prefills, exact):
+        out[start:start + n] = _prefill(q[start:start + n], cache, meta.block_tables[row], ctx, scale, own)
     return out
+
+
+def _tail_index(meta: AttentionMetadata, bs: int, device):
+    """(token rows, flat tail positions) of the new tokens in each sequence's last block."""
+    tokens, flat, first = [], [], 0
+    for slot, n, ctx in zip(meta.tail_slots, meta.query_lens, meta.context_lens):
+        last = (ctx - 1) // bs * bs
+        for pos in range(max(last, ctx - n), ctx):
+            tokens.append(first + pos - (ctx - n))
+            flat.append(slot * bs + pos % bs)
+        first += n
+    as_index = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)
+    return as_index(tokens), as_index(flat)
+
+
+def _exact_own_blocks(k, v, cache: LayerKVCache, meta: AttentionMetadata, prefill):
+    """Unquantized K/V of positions [own block start of the chunk's first token, context end):
+    the tail slot's earlier tokens, then the chunk's own (read before the slot is overwritten)."""
+    row, first, n, ctx = prefill
+    start, bs = ctx - n, cache.block_size
+    slot, before = meta.tail_slots[row], start % bs
+    ks, vs = k[first:first + n], v[first:first + n]
+    if before:
+        ks = torch.cat([cache.tail_k[slot, :before].to(k.dtype), ks])
+        vs = torch.cat([cache.tail_v[slot, :before].to(v.dtype), vs])
+    return ks, vs
+
+
+def _decode_tails(meta: AttentionMetadata, rows, tails: bool):
+    """(slot per decode row, own block index per decode row) as index tensors, once per step."""
+    if not tails or rows is None:
+        return None
+    if "decode_tails" not in meta.derived:
+        bs = meta.derived["block_size"]
+        picked = rows.tolist()
+        slots = torch.tensor([meta.tail_slots[r] for r in picked], dtype=torch.long, device=rows.device)
+        blocks = torch.tensor([(meta.context_lens[r] - 1) // bs for r in picked], dtype=torch.long,
+                              device=rows.device)
+        meta.derived["decode_tails"] = (slots, blocks)
+    return meta.derived["decode_tails"]
 
 
 def _plan(meta: AttentionMetadata, block_size: int, device):
@@ -87,12 +141,19 @@ def _gather(cache: LayerKVCache, block_ids: torch.Tensor, dtype):
     return k.reshape(shape), v.reshape(shape)
 
 
-def _decode(q, cache, block_tables, mask, scale):
+def _decode(q, cache, block_tables, mask, scale, tails=None):
     """One new token per sequence: one gather over the padded block tables, one masked SDPA.
-    The query heads of a KV group stand in the query-length dimension, so no KV repeat is needed."""
+    The query heads of a KV group stand in the query-length dimension, so no KV repeat is needed.
+    With exact tails, each sequence's own (last) block is replaced by its unquantized slot."""
     batch, num_heads, head_dim = q.shape
     num_blocks = mask.shape[1] // cache.block_size
     k, v = _gather(cache, block_tables[:, :num_blocks], q.dtype)      # [B, L, Hkv, D]
+    if tails is not None:
+        slots, own = tails
+        rows = torch.arange(batch, device=q.device)
+        bs = cache.block_size
+        k.view(batch, num_blocks, bs, *k.shape[2:])[rows, own] = cache.tail_k[slots].to(k.dtype)
+        v.view(batch, num_blocks, bs, *v.shape[2:])[rows, own] = cache.tail_v[slots].to(v.dtype)
     num_kv_heads = k.shape[2]
     qg = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
     out = F.scaled_dot_product_attention(qg, k.transpose(1, 2), v.transpose(1, 2),
@@ -100,11 +161,14 @@ def _decode(q, cache, block_tables, mask, scale):
     return out.reshape(batch, num_heads, head_dim)
 
 
-def _prefill(q, cache, block_table, context_len, scale):
+def _prefill(q, cache, block_table, context_len, scale, exact=None):
     n = q.shape[0]
     num_blocks = -(-context_len // cache.block_size)
     k, v = _gather(cache, block_table[:num_blocks], q.dtype)
-    k, v = k[:context_len].transpose(0, 1), v[:context_len].transpose(0, 1)
+    k, v = k[:context_len], v[:context_len]
+    if exact is not None:
+        return own_block_attention(q, k, v, *exact, scale, cache.block_size)
+    k, v = k.transpose(0, 1), v.transpose(0, 1)
     mask = None
     if n != context_len:
         keys = torch.arange(context_len, device=q.device)

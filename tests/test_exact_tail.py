@@ -1,0 +1,104 @@
+"""Lossy KV formats keep each sequence's last block unquantized (engine/exact_tail.py)."""
+import argparse
+
+import pytest
+import torch
+
+from everybyte import LLM
+from everybyte.engine.exact_tail import ExactTail
+from everybyte.engine.sequence import Sequence
+from everybyte.kv.block_manager import BlockManager
+from everybyte.kv.pool import KVPool
+from everybyte.models.loader import load_model
+from everybyte.models.own_block_attention import own_block_attention
+
+
+def _reference(q, kq, vq, ke, ve, ctx, bs, scale):
+    """Query p: stored keys of the blocks before its own, exact keys of its own block up to p."""
+    n, hq, d = q.shape
+    g, start = hq // kq.shape[1], ctx - n
+    b0 = start // bs * bs
+    k_exact, v_exact = kq.clone(), vq.clone()
+    k_exact[b0:], v_exact[b0:] = ke, ve
+    out = []
+    for i in range(n):
+        p = start + i
+        own = p // bs * bs
+        keys = torch.cat([kq[:own], k_exact[own:p + 1]]).repeat_interleave(g, 1)
+        vals = torch.cat([vq[:own], v_exact[own:p + 1]]).repeat_interleave(g, 1)
+        w = (torch.einsum("hd,lhd->hl", q[i], keys) * scale).softmax(-1)
+        out.append(torch.einsum("hl,lhd->hd", w, vals))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("ctx,n", [(40, 40), (40, 7), (37, 21), (33, 1), (48, 16), (16, 16), (5, 2)])
+def test_own_block_attention_matches_the_rule(ctx, n):
+    g = torch.Generator().manual_seed(ctx * 100 + n)
+    q = torch.randn(n, 6, 8, generator=g)
+    kq, vq = torch.randn(ctx, 2, 8, generator=g), torch.randn(ctx, 2, 8, generator=g)
+    b0 = (ctx - n) // 16 * 16
+    ke = kq[b0:] + 0.3 * torch.randn(ctx - b0, 2, 8, generator=g)
+    ve = vq[b0:] + 0.3 * torch.randn(ctx - b0, 2, 8, generator=g)
+    got = own_block_attention(q, kq, vq, ke, ve, 0.35, 16)
+    torch.testing.assert_close(got, _reference(q, kq, vq, ke, ve, ctx, 16, 0.35), atol=1e-5, rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model(None, dtype=torch.float32)
+
+
+def _logits(loaded, fmt, ids, chunks, exact_tail=True):
+    llm = LLM(loaded, kv_cache_dtype=fmt, kv_cache_bytes="8MiB", max_model_len=len(ids) + 16,
+              kv_exact_tail=exact_tail)
+    seq = Sequence(ids)
+    BlockManager(llm.pool.num_blocks, llm.pool.block_size).allocate(seq)
+    out = []
+    for n in chunks:
+        out.append(llm.model_runner.forward([seq], [n], logits="all"))
+        seq.num_computed_tokens += n
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+def test_first_block_is_exact_in_prefill_and_decode(model, fmt):
+    """Within the first block every key is its own block's: nvfp4/fp8 KV give fp32-KV logits there,
+    whether the block is prefilled at once, in chunks, or decoded token by token."""
+    ids = model.tokenizer.encode(open(argparse.__file__).read(), add_special_tokens=False)[:16]
+    exact = _logits(model, "fp32", ids, [16])
+    for chunks in ([16], [5, 11], [1] * 16):
+        torch.testing.assert_close(_logits(model, fmt, ids, chunks), exact, atol=2e-3, rtol=0)
+    assert (_logits(model, fmt, ids, [16], exact_tail=False) - exact).abs().max() > 0.05
+
+
+def test_later_blocks_read_the_pool_and_chunking_agrees(model):
+    ids = model.tokenizer.encode(open(argparse.__file__).read(), add_special_tokens=False)[:48]
+    whole = _logits(model, "nvfp4", ids, [48])
+    chunked = _logits(model, "nvfp4", ids, [20, 1, 1, 26])
+    # same rule either way: only float rounding differs (which a 4-bit code can amplify a little)
+    assert (whole - chunked).abs().max() < 0.5
+    assert (whole.argmax(-1) == chunked.argmax(-1)).float().mean() > 0.95
+    fp32 = _logits(model, "fp32", ids, [48])
+    assert (whole[16:] - fp32[16:]).abs().max() > 0.05     # blocks before a query's own are quantized
+
+
+def test_slots_are_reused_grown_and_refilled_from_the_pool():
+    pool = KVPool([(2, 16)] * 2, "nvfp4", "1MiB", block_size=4)
+    tail = ExactTail(pool, torch.float32, "cpu", capacity=1)
+    a, b = Sequence(list(range(8))), Sequence(list(range(8)))
+    a.block_table, b.block_table = [3, 4], [5, 6]
+    assert len(set(tail.assign([a, b], {a.seq_id, b.seq_id}))) == 2 and tail.capacity == 2
+    tail.advance([a, b], [2, 2])
+    c = Sequence(list(range(8)))
+    c.block_table = [7, 8]
+    slot_c = tail.assign([c], {c.seq_id})[0]                  # a (least recent, not in the batch) gives way
+    assert a.seq_id not in tail.slot_of and tail.capacity == 2
+    # b resumes mid-block with its slot lost: the block's earlier tokens come from the pool
+    tail.slot_of.pop(b.seq_id)
+    x = torch.randn(4, 2, 16)
+    pool.fmt.write(pool.k[0], torch.tensor([24, 25, 26, 27]), x, pool.k_scales[0])
+    b.block_table, b.num_computed_tokens = [1, 6], 6
+    slot_b = tail.assign([b], {b.seq_id, c.seq_id})[0]          # c is in this batch: the store grows
+    assert slot_b != slot_c and tail.capacity == 4
+    stored = pool.fmt.read(pool.k[0], torch.tensor([6]), pool.k_scales[0]).reshape(4, 2, 16)
+    assert torch.equal(tail.k[0][slot_b, :2], stored[:2])

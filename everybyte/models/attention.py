@@ -57,8 +57,9 @@ def _attend(q, k, v, cache: LayerKVCache, meta: AttentionMetadata, scale: float)
         if index is None:
             index = meta.derived["tail_index"] = _tail_index(meta, cache.block_size, q.device)
         tokens, flat = index
-        cache.tail_k.view(-1, *k.shape[1:])[flat] = k[tokens].to(cache.tail_k.dtype)
-        cache.tail_v.view(-1, *v.shape[1:])[flat] = v[tokens].to(cache.tail_v.dtype)
+        ks, vs = (k, v) if tokens is None else (k.index_select(0, tokens), v.index_select(0, tokens))
+        cache.tail_k.view(-1, *k.shape[1:]).index_copy_(0, flat, ks.to(cache.tail_k.dtype))
+        cache.tail_v.view(-1, *v.shape[1:]).index_copy_(0, flat, vs.to(cache.tail_v.dtype))
     if not prefills:
         return _decode(q, cache, meta.block_tables, decode_mask, scale, _decode_tails(meta, decode_rows, tails))
     out = torch.empty_like(q)
@@ -80,7 +81,8 @@ def _tail_index(meta: AttentionMetadata, bs: int, device):
             flat.append(slot * bs + pos % bs)
         first += n
     as_index = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)
-    return as_index(tokens), as_index(flat)
+    every = tokens == list(range(first))          # decode steps: every new token, in order
+    return (None if every else as_index(tokens)), as_index(flat)
 
 
 def _exact_own_blocks(k, v, cache: LayerKVCache, meta: AttentionMetadata, prefill):
@@ -150,10 +152,10 @@ def _decode(q, cache, block_tables, mask, scale, tails=None):
     k, v = _gather(cache, block_tables[:, :num_blocks], q.dtype)      # [B, L, Hkv, D]
     if tails is not None:
         slots, own = tails
-        rows = torch.arange(batch, device=q.device)
+        at = own + torch.arange(batch, device=q.device) * num_blocks       # [B] flat block rows
         bs = cache.block_size
-        k.view(batch, num_blocks, bs, *k.shape[2:])[rows, own] = cache.tail_k[slots].to(k.dtype)
-        v.view(batch, num_blocks, bs, *v.shape[2:])[rows, own] = cache.tail_v[slots].to(v.dtype)
+        k.view(batch * num_blocks, bs, *k.shape[2:]).index_copy_(0, at, cache.tail_k.index_select(0, slots).to(k.dtype))
+        v.view(batch * num_blocks, bs, *v.shape[2:]).index_copy_(0, at, cache.tail_v.index_select(0, slots).to(v.dtype))
     num_kv_heads = k.shape[2]
     qg = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
     out = F.scaled_dot_product_attention(qg, k.transpose(1, 2), v.transpose(1, 2),

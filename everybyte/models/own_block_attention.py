@@ -47,6 +47,8 @@ def own_block_attention(q, k, v, k_exact, v_exact, scale: float, block_size: int
     span, lead = nb * bs, start - b0
 
     def blocks(t, first):           # [len, H, D] at positions [first, ...) -> [H, nb, bs, D] fp32
+        if first == b0 and t.shape[0] == span:      # already whole blocks: no padded copy
+            return t.float().view(nb, bs, t.shape[1], dim).permute(2, 0, 1, 3)
         pad = torch.zeros(span, t.shape[1], dim, dtype=torch.float32, device=t.device)
         pad[first - b0:first - b0 + t.shape[0]] = t.float()
         return pad.view(nb, bs, t.shape[1], dim).permute(2, 0, 1, 3)

@@ -28,6 +28,7 @@ class ExactTail:
         self.slot_of: OrderedDict[int, list[int]] = OrderedDict()    # seq_id -> [slot, block index]
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
+        self._free: list[int] = []
         self._grow(capacity)
 
     @property
@@ -48,7 +49,7 @@ class ExactTail:
                     t[:old] = store[i]
                 fresh.append(t)
         self.k, self.v = fresh[0::2], fresh[1::2]
-        self._free = list(range(old, capacity)) + getattr(self, "_free", [])
+        self._free = list(range(old, capacity)) + self._free
 
     def assign(self, seqs, batch_ids: set[int]) -> list[int]:
         """A slot per sequence for this step (a new sequence takes a free slot, else the least

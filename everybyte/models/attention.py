@@ -48,7 +48,6 @@ def _attend(q, k, v, cache: LayerKVCache, meta: AttentionMetadata, scale: float)
     plan = meta.derived.get("plan")
     if plan is None:
         plan = meta.derived["plan"] = _plan(meta, cache.block_size, q.device)
-        meta.derived["block_size"] = cache.block_size
     decode_tokens, decode_rows, decode_mask, prefills = plan
     tails = meta.tail_slots is not None and cache.tail_k is not None
     exact = [_exact_own_blocks(k, v, cache, meta, p) for p in prefills] if tails else [None] * len(prefills)
@@ -61,11 +60,12 @@ def _attend(q, k, v, cache: LayerKVCache, meta: AttentionMetadata, scale: float)
         cache.tail_k.view(-1, *k.shape[1:]).index_copy_(0, flat, ks.to(cache.tail_k.dtype))
         cache.tail_v.view(-1, *v.shape[1:]).index_copy_(0, flat, vs.to(cache.tail_v.dtype))
     if not prefills:
-        return _decode(q, cache, meta.block_tables, decode_mask, scale, _decode_tails(meta, decode_rows, tails))
+        return _decode(q, cache, meta.block_tables, decode_mask, scale,
+                       _decode_tails(meta, decode_rows, tails, cache.block_size))
     out = torch.empty_like(q)
     if decode_tokens is not None:
         out[decode_tokens] = _decode(q[decode_tokens], cache, meta.block_tables[decode_rows], decode_mask,
-                                     scale, _decode_tails(meta, decode_rows, tails))
+                                     scale, _decode_tails(meta, decode_rows, tails, cache.block_size))
     for (row, start, n, ctx), own in zip(prefills, exact):
         out[start:start + n] = _prefill(q[start:start + n], cache, meta.block_tables[row], ctx, scale, own)
     return out
@@ -98,12 +98,11 @@ def _exact_own_blocks(k, v, cache: LayerKVCache, meta: AttentionMetadata, prefil
     return ks, vs
 
 
-def _decode_tails(meta: AttentionMetadata, rows, tails: bool):
+def _decode_tails(meta: AttentionMetadata, rows, tails: bool, bs: int):
     """(slot per decode row, own block index per decode row) as index tensors, once per step."""
     if not tails or rows is None:
         return None
     if "decode_tails" not in meta.derived:
-        bs = meta.derived["block_size"]
         picked = rows.tolist()
         slots = torch.tensor([meta.tail_slots[r] for r in picked], dtype=torch.long, device=rows.device)
         blocks = torch.tensor([(meta.context_lens[r] - 1) // bs for r in picked], dtype=torch.long,

@@ -7,6 +7,7 @@ from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from everybyte.formats import cpu_kernels, fastpath, nvfp4_blocks
 from everybyte.formats.nvfp4 import NVFP4Tensor, dequantize, dequantize_blocks, quantize, quantize_blocks
+from everybyte.formats.nvfp4_kv import divisors, quantize_blocks_best_scale
 
 EXAMPLES = int(os.environ.get("EVERYBYTE_HYPOTHESIS_EXAMPLES", "40"))  # raise for a deeper search
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -260,10 +261,21 @@ def test_e2m1_rounding_near_every_boundary():
     assert codes.tolist() == [0, 0, 1, 2, 2, 2, 3, 4, 4, 4, 5, 6, 6, 6, 7, 7, 7]
 
 
+def _cpu_has(flag: str) -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return flag in next((line.split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+
+
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64 target flag")
-def test_portable_kernels_match_reference(monkeypatch, tmp_path):
-    """The plain-C (no AVX-512) build of the CPU kernels gives the reference's bytes too."""
-    flags = [f for f in cpu_kernels.FLAGS if not f.startswith("-march")] + ["-march=x86-64-v2"]
+@pytest.mark.parametrize("march", ["x86-64-v2", "x86-64-v3"])
+def test_portable_kernels_match_reference(monkeypatch, tmp_path, march):
+    """The plain-C (v2) and AVX2 (v3) builds of the CPU kernels give the reference's bytes too."""
+    if march == "x86-64-v3" and not _cpu_has("avx2"):
+        pytest.skip("CPU without AVX2")
+    flags = [f for f in cpu_kernels.FLAGS if not f.startswith("-march")] + [f"-march={march}"]
     monkeypatch.setattr(cpu_kernels, "FLAGS", flags)
     monkeypatch.setattr(cpu_kernels, "_lib", None)
     monkeypatch.setattr(cpu_kernels, "_error", None)
@@ -279,6 +291,11 @@ def test_portable_kernels_match_reference(monkeypatch, tmp_path):
         for out in (torch.float32, torch.bfloat16):
             assert same_bits(dequantize_blocks(p_ref, s_ref, s, out, fast="always"),
                              dequantize_blocks(p_ref, s_ref, s, out, fast="never"))
+    x = special_tensor(512, torch.float32).reshape(-1, 2, 64)
+    p_ref, s_ref = quantize_blocks_best_scale(x, 0.01)
+    data, scales = torch.zeros_like(p_ref), torch.zeros_like(s_ref)
+    cpu_kernels.kv_write(data, scales, torch.arange(x.shape[0]), x, 0.01, divisors("cpu"))
+    assert torch.equal(data, p_ref) and same_bits(scales, s_ref)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

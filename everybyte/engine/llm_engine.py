@@ -60,10 +60,10 @@ class LLMEngine:
         if cfg.kv_cache_dtype in SCALED_FORMATS:
             self.pool.set_scales_from_amax(*self._kv_amax(loaded), headroom=cfg.kv_scale_headroom)
         self.weights_bytes = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
+        self.model_runner = ModelRunner(loaded.model, self.pool, Sampler(cfg.seed), cfg.kv_exact_tail)
         self.block_manager = self._block_manager(mc)
         self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens,
                                    self.max_model_len)
-        self.model_runner = ModelRunner(loaded.model, self.pool, Sampler(cfg.seed), cfg.kv_exact_tail)
         self.eos_token_ids = set(self.tokenizer.eos_token_ids) | set(mc.eos_token_ids)
         self.requests: dict[str, _Request] = {}
         self._ids = count()
@@ -74,8 +74,10 @@ class LLMEngine:
             return BlockManager(self.pool.num_blocks, cfg.block_size)
         ns = KVNamespace.for_pool(self.pool, mc.model_id, mc.revision)
         tiers = TierSet(build_tiers(cfg.kv_tiers or "none", pin_memory=str(cfg.device).startswith("cuda")))
+        tail = self.model_runner.exact_tail          # reuse restarts where its exact span starts
         return KVMemoryManager(self.pool, ns, tiers, offload_on_park=cfg.offload_on_park,
-                               load_timeout_s=cfg.kv_load_timeout_s)
+                               load_timeout_s=cfg.kv_load_timeout_s,
+                               restart_blocks=tail.span // tail.block_size if tail else 1)
 
     def _kv_amax(self, loaded: LoadedModel):
         """Deterministic per-layer K/V amax of this model (see calibrate_kv_amax); cached per model."""

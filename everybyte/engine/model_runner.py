@@ -45,7 +45,7 @@ def calibrate_kv_amax(model, layer_shapes: list[tuple[int, int]], token_ids: lis
     return [read(k) for k in pool.k], [read(v) for v in pool.v]
 
 
-LOSSY_KV = ("fp8", "nvfp4")     # formats whose sequences keep their last block exact (exact_tail)
+LOSSY_KV = ("fp8", "nvfp4")     # formats whose sequences keep their last span exact (exact_tail)
 
 
 class ModelRunner:
@@ -75,12 +75,13 @@ class ModelRunner:
             input_ids.extend(seq.token_ids[start:end])
             context_lens.append(end)
             table = seq.block_table
-            if n == 1:
+            stored = seq.kv_stored_until        # a reused block recomputed for the exact tail keeps its bytes
+            if n == 1 and start >= stored:
                 positions.append(start)
                 slots.append(table[start // bs] * bs + start % bs)
             else:
                 positions.extend(range(start, end))
-                slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+                slots.extend(table[p // bs] * bs + p % bs if p >= stored else -1 for p in range(start, end))
         max_blocks = max(len(seq.block_table) for seq in seqs)
         tables = [seq.block_table + [0] * (max_blocks - len(seq.block_table)) for seq in seqs]
         as_long = lambda x: torch.tensor(x, dtype=torch.long, device=self.device)

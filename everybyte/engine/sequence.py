@@ -28,6 +28,7 @@ class Sequence:
         self.token_ids = list(token_ids)
         self.num_prompt_tokens = len(self.token_ids)
         self.num_computed_tokens = 0     # tokens whose KV is in the pool
+        self.kv_stored_until = 0         # positions below already stored in the pool (recomputed, not rewritten)
         self.block_table: list[int] = []
         self.params = params or SamplingParams()
         self.prompt = prompt

@@ -91,6 +91,44 @@ static inline void codes16(vf xv, float dk, uint8_t* out) {
     __m512i q = _mm512_and_si512(_mm512_or_si512(code, _mm512_srli_epi64(code, 28)), _mm512_set1_epi64(0xFF));
     _mm_storel_epi64((__m128i*)out, _mm512_cvtepi64_epi8(q));   /* byte j = code[2j] | code[2j+1] << 4 */
 }
+#elif defined(__AVX2__)
+#include <immintrin.h>
+static inline __m256i lo8(vf x) { __m256i a; memcpy(&a, &x, 32); return a; }
+static inline __m256i hi8(vf x) { __m256i a; memcpy(&a, (const char*)&x + 32, 32); return a; }
+
+static inline float block_amax(vf x) {   /* as the portable form: max of the |x| bit patterns */
+    const __m256i m = _mm256_set1_epi32(0x7FFFFFFF);
+    __m256i a = _mm256_max_epi32(_mm256_and_si256(lo8(x), m), _mm256_and_si256(hi8(x), m));
+    __m128i b = _mm_max_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    b = _mm_max_epi32(b, _mm_shuffle_epi32(b, 0x4E));
+    b = _mm_max_epi32(b, _mm_shuffle_epi32(b, 0xB1));
+    return u2f((uint32_t)_mm_cvtsi128_si32(b));
+}
+
+/* The portable codes16 below, step for step, 8 lanes at a time. */
+static inline __m256i codes8(__m256i xi, float dk) {
+    __m256i code = _mm256_and_si256(_mm256_srai_epi32(xi, 28), _mm256_set1_epi32(8));
+    if (!(dk > 0.0f)) return code;
+    __m256i ab = _mm256_and_si256(_mm256_castps_si256(_mm256_div_ps(_mm256_castsi256_ps(xi), _mm256_set1_ps(dk))),
+                                  _mm256_set1_epi32(0x7FFFFFFF));
+    __m256i r = _mm256_add_epi32(_mm256_add_epi32(ab, _mm256_set1_epi32(0x1FFFFF)),
+                                 _mm256_and_si256(_mm256_srai_epi32(ab, 22), _mm256_set1_epi32(1)));
+    __m256i hi = _mm256_sub_epi32(_mm256_srai_epi32(r, 22), _mm256_set1_epi32(252));
+    __m256i seven = _mm256_set1_epi32(7);
+    hi = _mm256_blendv_epi8(hi, seven, _mm256_cmpgt_epi32(hi, seven));
+    __m256 big = _mm256_set1_ps(8388608.0f);
+    __m256 half = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_castsi256_ps(ab), _mm256_set1_ps(2.0f)), big), big);
+    __m256i small = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x3F800000), ab);
+    return _mm256_or_si256(code, _mm256_blendv_epi8(hi, _mm256_cvttps_epi32(half), small));
+}
+
+static inline void codes16(vf xv, float dk, uint8_t* out) {
+    uint32_t c[16];
+    _mm256_storeu_si256((__m256i*)c, codes8(lo8(xv), dk));
+    _mm256_storeu_si256((__m256i*)(c + 8), codes8(hi8(xv), dk));
+    for (int j = 0; j < 8; j++)      /* the low byte of (int64)(c[2j] | c[2j+1] << 32) >> 28 | c[2j] */
+        out[j] = (uint8_t)(c[2 * j] | (c[2 * j] >> 28) | (c[2 * j + 1] << 4));
+}
 #else
 static inline float block_amax(vf x) {
     vi a = (vi)x & 0x7FFFFFFF, b;        /* |x| bit patterns order like the values */

@@ -58,12 +58,14 @@ class BlockManager:
         assert not seq.block_table, "sequence already holds blocks"
         seq.block_table = [self._take() for _ in range(self.blocks_for(len(seq)))]
         seq.num_computed_tokens = 0
+        seq.kv_stored_until = 0
 
     def deallocate(self, seq) -> None:
         for block_id in reversed(seq.block_table):
             self._release(block_id)
         seq.block_table = []
         seq.num_computed_tokens = 0
+        seq.kv_stored_until = 0
 
     def can_append(self, seq) -> bool:
         return self.blocks_for(len(seq)) - len(seq.block_table) <= self.num_free_blocks

@@ -30,8 +30,10 @@ log = logging.getLogger(__name__)
 
 class KVMemoryManager(BlockManager):
     def __init__(self, pool, namespace: KVNamespace, tiers: TierSet | None = None,
-                 ledger: ByteLedger | None = None, offload_on_park: bool = True, load_timeout_s: float = 10.0):
+                 ledger: ByteLedger | None = None, offload_on_park: bool = True, load_timeout_s: float = 10.0,
+                 restart_blocks: int = 1):
         super().__init__(pool.num_blocks, pool.block_size)
+        self.restart_blocks = restart_blocks      # a reusing sequence computes from a multiple of this
         self.pool, self.ns = pool, namespace
         self.tiers = tiers or TierSet([])
         self.tiers.bytes_per_token = pool.bytes_per_token
@@ -47,7 +49,7 @@ class KVMemoryManager(BlockManager):
         self.query_tokens = self.hit_tokens = 0       # prompt tokens looked up / found in any tier
         self.codec = pool_codec(pool)
         self.loader = BlockLoader(pool, self.tiers, load_timeout_s)
-        self.loading: dict[int, tuple] = {}           # seq_id -> (seq, jobs, G1 hits, reuse by tier, first admission)
+        self.loading: dict[int, tuple] = {}           # seq_id -> (seq, jobs, G1 hits, tier per hit, first admission)
         self._loaded_from: dict[int, str] = {}        # G1 block -> tier a job loaded it from, until reused
         self._evicting: list[tuple[int, bytes]] = []  # evicted blocks to write down in one batch
 
@@ -93,10 +95,8 @@ class KVMemoryManager(BlockManager):
         known = len(hits) + len(shared)
         fresh = self._fresh(self.blocks_for(len(seq)) - known)
         seq.block_table = hits + shared + fresh
-        reused: dict[str, int] = {}
-        for b in hits:    # a block loaded by an earlier job counts as reuse from the tier it came from
-            level = self._loaded_from.pop(b, "G1")
-            reused[level] = reused.get(level, 0) + self.block_size
+        # a block loaded by an earlier job counts as reuse from the tier it came from
+        levels = [self._loaded_from.pop(b, "G1") for b in hits]
         jobs = {job for job, _ in adopted}
         if n := self.tiers.may_hold(names[known:]):
             self.cache.share(fresh[:n])
@@ -104,20 +104,27 @@ class KVMemoryManager(BlockManager):
         first = seq.metrics.first_scheduled_time is None        # first admission, not a preemption's
         self.running[seq.seq_id] = seq
         if jobs:
-            seq.num_computed_tokens = len(hits) * self.block_size
+            seq.num_computed_tokens, seq.kv_stored_until = len(hits) * self.block_size, 0
             self._committed[seq.seq_id] = len(hits)
-            self.loading[seq.seq_id] = (seq, jobs, len(hits), reused, first)
+            self.loading[seq.seq_id] = (seq, jobs, len(hits), levels, first)
         else:
-            self._admit(seq, len(hits), reused, first)
+            self._admit(seq, len(hits), levels, first)
 
-    def _admit(self, seq, ready: int, reused: dict, first: bool) -> None:
-        """The first `ready` blocks of the sequence hold its KV: compute from there."""
-        seq.num_computed_tokens = ready * self.block_size
+    def _admit(self, seq, ready: int, levels: list[str], first: bool) -> None:
+        """The first `ready` blocks of the sequence hold its KV (levels: the tier each came from):
+        compute from the last multiple of restart_blocks at or below it. The blocks in between
+        are recomputed for the exact tail only; their pool bytes stay (kv_stored_until)."""
+        keep = ready - ready % self.restart_blocks
+        seq.kv_stored_until = ready * self.block_size
+        seq.num_computed_tokens = keep * self.block_size
         if first:
             seq.num_cached_tokens = seq.num_computed_tokens
         self.query_tokens += len(seq)
         self.hit_tokens += seq.num_computed_tokens
         self._committed[seq.seq_id] = ready
+        reused: dict[str, int] = {}
+        for level in levels[:keep]:
+            reused[level] = reused.get(level, 0) + self.block_size
         self.ledger.record_prefill(0, reused)
 
     # ---- loads in flight ---------------------------------------------------------------------
@@ -145,16 +152,15 @@ class KVMemoryManager(BlockManager):
                     self.ledger.count("prestaged", len(job.loaded))
             self.cache.free(job.blocks)                       # the job's own references
         ready = []
-        for seq_id, (seq, jobs, n, reused, first) in list(self.loading.items()):
+        for seq_id, (seq, jobs, n, levels, first) in list(self.loading.items()):
             if not all(job.finished for job in jobs):
                 continue
             del self.loading[seq_id]
             names, table = self._reusable(seq), seq.block_table
             while n < len(names) and self.cache.name_of(table[n]) == names[n]:
-                level = self._loaded_from.pop(table[n], "G1")
-                reused[level] = reused.get(level, 0) + self.block_size
+                levels.append(self._loaded_from.pop(table[n], "G1"))
                 n += 1
-            self._admit(seq, n, reused, first)
+            self._admit(seq, n, levels, first)
             ready.append(seq)
         return ready
 
@@ -178,7 +184,7 @@ class KVMemoryManager(BlockManager):
         self._names.pop(seq.seq_id, None)
         self._committed.pop(seq.seq_id, None)
         self.running.pop(seq.seq_id, None)
-        seq.block_table, seq.num_computed_tokens = [], 0
+        seq.block_table, seq.num_computed_tokens, seq.kv_stored_until = [], 0, 0
 
     def _commit(self, seq) -> None:
         """Name every full block whose KV is computed; new names are written through to the

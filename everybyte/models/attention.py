@@ -18,7 +18,7 @@ class LayerKVCache:
     k_scale: float
     v_scale: float
     block_size: int
-    tail_k: torch.Tensor | None = None    # [slots, block_size, Hkv, D]: engine.exact_tail
+    tail_k: torch.Tensor | None = None    # [slots, span, Hkv, D]: engine.exact_tail
     tail_v: torch.Tensor | None = None
 
 
@@ -45,34 +45,35 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: La
 
 def _attend(q, k, v, cache: LayerKVCache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
     cache.fmt.write_kv(cache.k, cache.v, meta.slot_mapping, k, v, cache.k_scale, cache.v_scale)
+    tails = meta.tail_slots is not None and cache.tail_k is not None
+    span = cache.tail_k.shape[1] if tails else cache.block_size
     plan = meta.derived.get("plan")
     if plan is None:
-        plan = meta.derived["plan"] = _plan(meta, cache.block_size, q.device)
+        plan = meta.derived["plan"] = _plan(meta, span, q.device)
     decode_tokens, decode_rows, decode_mask, prefills = plan
-    tails = meta.tail_slots is not None and cache.tail_k is not None
     exact = [_exact_own_blocks(k, v, cache, meta, p) for p in prefills] if tails else [None] * len(prefills)
     if tails:
         index = meta.derived.get("tail_index")
         if index is None:
-            index = meta.derived["tail_index"] = _tail_index(meta, cache.block_size, q.device)
+            index = meta.derived["tail_index"] = _tail_index(meta, span, q.device)
         tokens, flat = index
         ks, vs = (k, v) if tokens is None else (k.index_select(0, tokens), v.index_select(0, tokens))
         cache.tail_k.view(-1, *k.shape[1:]).index_copy_(0, flat, ks.to(cache.tail_k.dtype))
         cache.tail_v.view(-1, *v.shape[1:]).index_copy_(0, flat, vs.to(cache.tail_v.dtype))
     if not prefills:
         return _decode(q, cache, meta.block_tables, decode_mask, scale,
-                       _decode_tails(meta, decode_rows, tails, cache.block_size))
+                       _decode_tails(meta, decode_rows, tails, span))
     out = torch.empty_like(q)
     if decode_tokens is not None:
         out[decode_tokens] = _decode(q[decode_tokens], cache, meta.block_tables[decode_rows], decode_mask,
-                                     scale, _decode_tails(meta, decode_rows, tails, cache.block_size))
+                                     scale, _decode_tails(meta, decode_rows, tails, span))
     for (row, start, n, ctx), own in zip(prefills, exact):
         out[start:start + n] = _prefill(q[start:start + n], cache, meta.block_tables[row], ctx, scale, own)
     return out
 
 
 def _tail_index(meta: AttentionMetadata, bs: int, device):
-    """(token rows, flat tail positions) of the new tokens in each sequence's last block."""
+    """(token rows, flat tail positions) of the new tokens in each sequence's last span (bs tokens)."""
     tokens, flat, first = [], [], 0
     for slot, n, ctx in zip(meta.tail_slots, meta.query_lens, meta.context_lens):
         last = (ctx - 1) // bs * bs
@@ -86,10 +87,10 @@ def _tail_index(meta: AttentionMetadata, bs: int, device):
 
 
 def _exact_own_blocks(k, v, cache: LayerKVCache, meta: AttentionMetadata, prefill):
-    """Unquantized K/V of positions [own block start of the chunk's first token, context end):
+    """Unquantized K/V of positions [own span start of the chunk's first token, context end):
     the tail slot's earlier tokens, then the chunk's own (read before the slot is overwritten)."""
     row, first, n, ctx = prefill
-    start, bs = ctx - n, cache.block_size
+    start, bs = ctx - n, cache.tail_k.shape[1]
     slot, before = meta.tail_slots[row], start % bs
     ks, vs = k[first:first + n], v[first:first + n]
     if before:
@@ -99,7 +100,7 @@ def _exact_own_blocks(k, v, cache: LayerKVCache, meta: AttentionMetadata, prefil
 
 
 def _decode_tails(meta: AttentionMetadata, rows, tails: bool, bs: int):
-    """(slot per decode row, own block index per decode row) as index tensors, once per step."""
+    """(slot per decode row, own span index per decode row) as index tensors, once per step."""
     if not tails or rows is None:
         return None
     if "decode_tails" not in meta.derived:
@@ -111,9 +112,10 @@ def _decode_tails(meta: AttentionMetadata, rows, tails: bool, bs: int):
     return meta.derived["decode_tails"]
 
 
-def _plan(meta: AttentionMetadata, block_size: int, device):
+def _plan(meta: AttentionMetadata, granule: int, device):
     """Split the batch into one batched decode group (sequences with one new token) and a list of
-    (row, start, query_len, context_len) prefill chunks."""
+    (row, start, query_len, context_len) prefill chunks. The decode mask covers whole granules
+    (blocks, or exact-tail spans)."""
     starts, rows, tokens, lens, prefills = 0, [], [], [], []
     for row, (n, ctx) in enumerate(zip(meta.query_lens, meta.context_lens)):
         if n == 1:
@@ -128,8 +130,7 @@ def _plan(meta: AttentionMetadata, block_size: int, device):
         rows = []
     if not rows:
         return None, None, None, prefills
-    num_blocks = -(-max(lens) // block_size)
-    positions = torch.arange(num_blocks * block_size, device=device)
+    positions = torch.arange(-(-max(lens) // granule) * granule, device=device)
     mask = positions[None, :] < torch.tensor(lens, device=device)[:, None]
     as_index = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)
     return as_index(tokens), as_index(rows), mask, prefills
@@ -145,16 +146,19 @@ def _gather(cache: LayerKVCache, block_ids: torch.Tensor, dtype):
 def _decode(q, cache, block_tables, mask, scale, tails=None):
     """One new token per sequence: one gather over the padded block tables, one masked SDPA.
     The query heads of a KV group stand in the query-length dimension, so no KV repeat is needed.
-    With exact tails, each sequence's own (last) block is replaced by its unquantized slot."""
+    With exact tails, each sequence's own (last) span is replaced by its unquantized slot."""
     batch, num_heads, head_dim = q.shape
     num_blocks = mask.shape[1] // cache.block_size
+    if block_tables.shape[1] < num_blocks:              # the mask covers whole spans: pad the tables
+        block_tables = F.pad(block_tables, (0, num_blocks - block_tables.shape[1]))
     k, v = _gather(cache, block_tables[:, :num_blocks], q.dtype)      # [B, L, Hkv, D]
     if tails is not None:
         slots, own = tails
-        at = own + torch.arange(batch, device=q.device) * num_blocks       # [B] flat block rows
-        bs = cache.block_size
-        k.view(batch * num_blocks, bs, *k.shape[2:]).index_copy_(0, at, cache.tail_k.index_select(0, slots).to(k.dtype))
-        v.view(batch * num_blocks, bs, *v.shape[2:]).index_copy_(0, at, cache.tail_v.index_select(0, slots).to(v.dtype))
+        span = cache.tail_k.shape[1]
+        spans = mask.shape[1] // span
+        at = own + torch.arange(batch, device=q.device) * spans            # [B] flat span rows
+        k.view(batch * spans, span, *k.shape[2:]).index_copy_(0, at, cache.tail_k.index_select(0, slots).to(k.dtype))
+        v.view(batch * spans, span, *v.shape[2:]).index_copy_(0, at, cache.tail_v.index_select(0, slots).to(v.dtype))
     num_kv_heads = k.shape[2]
     qg = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
     out = F.scaled_dot_product_attention(qg, k.transpose(1, 2), v.transpose(1, 2),
@@ -168,7 +172,7 @@ def _prefill(q, cache, block_table, context_len, scale, exact=None):
     k, v = _gather(cache, block_table[:num_blocks], q.dtype)
     k, v = k[:context_len], v[:context_len]
     if exact is not None:
-        return own_block_attention(q, k, v, *exact, scale, cache.block_size)
+        return own_block_attention(q, k, v, *exact, scale, cache.tail_k.shape[1])
     k, v = k.transpose(0, 1), v.transpose(0, 1)
     mask = None
     if n != context_len:

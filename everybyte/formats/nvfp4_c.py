@@ -227,6 +227,17 @@ static inline void dequant_block(const uint8_t* p, float sc, float sb, float* v)
     __m512 e2m1 = _mm512_setr_ps(0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f);
     __m512 r = _mm512_mul_ps(_mm512_mul_ps(_mm512_permutexvar_ps(idx, e2m1), _mm512_set1_ps(sc)), _mm512_set1_ps(sb));
     _mm512_storeu_ps(v, r);
+#elif defined(__AVX2__)
+    /* nibbles in order, magnitude by an 8-entry permute, the code's bit 3 moved to the sign bit */
+    __m128i b = _mm_loadl_epi64((const __m128i*)p);
+    __m128i c = _mm_unpacklo_epi8(_mm_and_si128(b, _mm_set1_epi8(15)), _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(15)));
+    const __m256 mag = _mm256_setr_ps(0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f);
+    __m256 vsc = _mm256_set1_ps(sc), vsb = _mm256_set1_ps(sb);
+    for (int h = 0; h < 2; h++) {
+        __m256i code = _mm256_cvtepu8_epi32(h ? _mm_srli_si128(c, 8) : c);
+        __m256 x = _mm256_xor_ps(_mm256_permutevar8x32_ps(mag, code), _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(code, _mm256_set1_epi32(8)), 28)));
+        _mm256_storeu_ps(v + 8 * h, _mm256_mul_ps(_mm256_mul_ps(x, vsc), vsb));
+    }
 #else
     for (int j = 0; j < 8; j++) memcpy(v + 2 * j, PAIRS[p[j]], 8);
     for (int i = 0; i < 16; i++) v[i] = (v[i] * sc) * sb;

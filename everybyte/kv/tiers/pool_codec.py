@@ -14,6 +14,7 @@ import threading
 import weakref
 import zlib
 
+import numpy as np
 import torch
 
 from everybyte.kv.tiers.base import as_uint8_tensor
@@ -80,6 +81,7 @@ class PoolCodec:
         self.start = len(self.header)
         self.nbytes = self.start + self.payload
         self._header_t = torch.frombuffer(bytearray(self.header), dtype=torch.uint8)
+        self._header_np = np.frombuffer(self.header, dtype=np.uint8)
         ends = sorted((s.offset, s.offset + s.count * s.chunk) for s in self.segments)
         self.gaps = [(a, b) for (_, a), (b, _) in zip(ends, ends[1:] + [(self.payload, 0)]) if b > a]
 
@@ -152,12 +154,13 @@ class PoolCodec:
         bufs = [as_uint8_tensor(b) for b in bufs]
         i = 0
         for first, stride, n in _pieces(bufs, self.nbytes):
-            if n > 1 and not verify:
-                heads = first.as_strided((n, self.start), (stride, 1), first.storage_offset())
-                want = torch.frombuffer(bytearray(b"".join(names[i:i + n])), dtype=torch.uint8).view(n, 16)
-                ok = (heads[:, :12] == self._header_t[:12]).all(1) & (heads[:, NAME] == want).all(1) \
-                    & (heads[:, NAME.stop:] == self._header_t[NAME.stop:]).all(1)
-                good = int(ok.cumprod(0).sum())
+            if n > 1 and not verify:       # numpy: a few small compares cost ~10x less than torch ops
+                heads = first.as_strided((n, self.start), (stride, 1), first.storage_offset()).numpy()
+                want = np.frombuffer(b"".join(names[i:i + n]), dtype=np.uint8).reshape(n, 16)
+                h = self._header_np
+                ok = (heads[:, :12] == h[:12]).all(1) & (heads[:, NAME] == want).all(1) \
+                    & (heads[:, NAME.stop:] == h[NAME.stop:]).all(1)
+                good = n if ok.all() else int(ok.argmin())
                 if good == n:
                     i += n
                     continue
@@ -222,19 +225,20 @@ def _as_words(t: torch.Tensor) -> torch.Tensor:
 def _pieces(bufs: list[torch.Tensor], nbytes: int, ids: list[int] | None = None):
     """Split bufs (in order) into (first, stride, n): runs lying at one stride >= nbytes in one
     buffer (and, given ids, going to consecutive ids)."""
+    ptrs = [b.data_ptr() for b in bufs]                       # read once: a C call each
+    stores = [b.untyped_storage().data_ptr() for b in bufs]
     i = 0
     while i < len(bufs):
-        first, n, stride = bufs[i], 1, nbytes
+        n, stride = 1, nbytes
         while i + n < len(bufs):
-            nxt = bufs[i + n]
-            gap = nxt.data_ptr() - first.data_ptr()
+            gap = ptrs[i + n] - ptrs[i]
             if n == 1:
                 stride = gap
             if stride < nbytes or gap != n * stride or (ids is not None and ids[i + n] != ids[i] + n) \
-                    or nxt.untyped_storage().data_ptr() != first.untyped_storage().data_ptr():
+                    or stores[i + n] != stores[i]:
                 break
             n += 1
-        yield first, stride if n > 1 else nbytes, n
+        yield bufs[i], stride if n > 1 else nbytes, n
         i += n
 
 

@@ -23,9 +23,10 @@ from pathlib import Path
 import torch
 
 from everybyte.formats.nvfp4_c import SOURCE as _NVFP4
+from everybyte.formats.layer_ops_c import LAYER_SOURCE
 from everybyte.formats.nvfp4_kv_c import KV_SOURCE
 
-SOURCE = _NVFP4 + KV_SOURCE
+SOURCE = _NVFP4 + KV_SOURCE + LAYER_SOURCE
 
 PARALLEL_MIN_BLOCKS = 1 << 14      # below this (256K values) one thread: no OpenMP wake-up latency
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC"]
@@ -81,7 +82,7 @@ def _load() -> ctypes.CDLL | None:
         except (subprocess.CalledProcessError, OSError):
             lib = ctypes.CDLL(str(_build(cc, openmp=False)))
         for name in ("init_tables", "quantize_f32", "quantize_bf16", "dequantize_f32", "dequantize_bf16",
-                     "kv_write", "kv_gather"):
+                     "kv_write", "kv_gather", "add_rmsnorm_f32", "rope_f32"):
             getattr(lib, name).restype = None
         lib.absmax_f32.restype = lib.absmax_bf16.restype = ctypes.c_uint32
         lib.init_tables()
@@ -196,3 +197,32 @@ def kv_gather(data: torch.Tensor, scales: torch.Tensor, block_ids: torch.Tensor,
                   ctypes.c_int64(per), ctypes.c_float(s), _ptr(_e4m3), _ptr(out),
                   ctypes.c_int(dtype == torch.bfloat16), _threads(ids.numel() * per))
     return out
+
+
+def _small(rows: int, per_row: int) -> ctypes.c_int:
+    return ctypes.c_int(torch.get_num_threads() if rows * per_row >= (1 << 16) else 1)
+
+
+def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """float32 CPU, contiguous [rows, n]: residual += x in place (when given), returns the RMS-normed
+    (residual or x) * weight."""
+    lib = _require()
+    rows, n = x.shape
+    out = torch.empty_like(x)
+    lib.add_rmsnorm_f32(_ptr(x), _ptr(residual) if residual is not None else None, _ptr(weight), _ptr(out),
+                        ctypes.c_int64(rows), ctypes.c_int64(n), ctypes.c_float(eps), _small(rows, n))
+    return out
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor, positions: torch.Tensor
+         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [T, Hq, D], k [T, Hkv, D] float32 CPU, each row contiguous ([H, D] dense, any row stride);
+    table [max_pos, D] (cos then sin halves); positions int64 [T]. -> contiguous rotated q, k."""
+    lib = _require()
+    T, hq, d = q.shape
+    hk = k.shape[1]
+    q_out, k_out = torch.empty(T, hq, d), torch.empty(T, hk, d)
+    lib.rope_f32(_ptr(q), ctypes.c_int64(q.stride(0)), ctypes.c_int64(hq), _ptr(k), ctypes.c_int64(k.stride(0)),
+                 ctypes.c_int64(hk), ctypes.c_int64(T), ctypes.c_int64(d), _ptr(table), _ptr(positions),
+                 _ptr(q_out), _ptr(k_out), _small(T, (hq + hk) * d))
+    return q_out, k_out

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from everybyte.formats import cpu_kernels
 from everybyte.models import gemm
 from everybyte.models.attention import AttentionMetadata, LayerKVCache, paged_attention
 from everybyte.models.config import ModelConfig
@@ -48,12 +49,25 @@ class RMSNorm(nn.Module):
         self.weight = _param(size, dtype=dtype, fill=1.0)
 
     def forward(self, x, residual=None):
+        if _fused(x, residual, self.weight):          # one C pass a row; residual updated in place
+            out = cpu_kernels.add_rmsnorm(x, residual, self.weight, self.eps)
+            return out if residual is None else (out, residual)
         if residual is not None:
             x = residual = x + residual
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         h = self.weight * h.to(x.dtype)
         return h if residual is None else (h, residual)
+
+
+def _f32_cpu(t: torch.Tensor) -> bool:
+    return t.dtype is torch.float32 and t.device.type == "cpu" and t.is_contiguous()
+
+
+def _fused(x, residual, weight) -> bool:
+    """Whether the C add+RMSNorm takes these: float32, contiguous, x 2-D, CPU."""
+    return (x.dim() == 2 and _f32_cpu(x) and _f32_cpu(weight) and cpu_kernels.available()
+            and (residual is None or (_f32_cpu(residual) and residual.shape == x.shape)))
 
 
 class Attention(nn.Module):

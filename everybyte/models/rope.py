@@ -6,6 +6,8 @@ import math
 import torch
 from torch import nn
 
+from everybyte.formats import cpu_kernels
+
 ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -39,9 +41,21 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Rotate each x [T, H, D] at positions [T]; computed in fp32, returned in x's dtype."""
+        if len(xs) == 2 and self._fusable(positions, *xs):
+            return cpu_kernels.rope(*xs, self.cos_sin, positions)
         cos, sin = self.cos_sin.float()[positions].unsqueeze(1).chunk(2, dim=-1)
         out = []
         for x in xs:
             x1, x2 = x.float().chunk(2, dim=-1)
             out.append(torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype))
         return tuple(out)
+
+    def _fusable(self, positions, q, k) -> bool:
+        """The C kernel (same float steps) takes float32 CPU q/k whose heads lie dense in each row."""
+        dense = lambda t: (t.dtype is torch.float32 and t.device.type == "cpu" and t.dim() == 3
+                           and t.stride(2) == 1 and t.stride(1) == t.shape[2])
+        return (dense(q) and dense(k) and q.shape[2] == k.shape[2] == self.cos_sin.shape[1]
+                and self.cos_sin.dtype is torch.float32 and self.cos_sin.device.type == "cpu"
+                and positions.dtype is torch.int64 and positions.is_contiguous() and positions.numel() > 0
+                and int(positions.max()) < self.cos_sin.shape[0] and int(positions.min()) >= 0
+                and cpu_kernels.available())

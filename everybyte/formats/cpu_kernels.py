@@ -173,30 +173,48 @@ def kv_write(data: torch.Tensor, scales: torch.Tensor, slots: torch.Tensor, x: t
     """Encode x [T, ..., n] (float32/bfloat16, n % 16 == 0) with the best of `divisors` per block
     of 16 (nvfp4_kv.quantize_blocks_best_scale) into pool slots: data [slots, T's n/2 bytes],
     scales [slots, n/16] (contiguous). Negative slots are skipped."""
+    kv_write_pairs([(data, scales, x, s)], slots, divisors)
+
+
+def kv_write_pairs(stores: list, slots: torch.Tensor, divisors: torch.Tensor) -> None:
+    """kv_write for several (data, scales, x, s) sharing one slot list (a layer's K and V): the
+    per-call preparation, which costs more than the encoding at decode, is done once."""
     lib = _require()
-    if x.dtype not in (torch.float32, torch.bfloat16):
-        x = x.float()
-    x, slots = x.contiguous(), slots.to(torch.int64).contiguous()
-    nt, bpt = x.shape[0], x[0].numel() // 16
-    lib.kv_write(_ptr(x), ctypes.c_int(x.dtype == torch.bfloat16), ctypes.c_int64(nt), ctypes.c_int64(bpt),
-                 _ptr(slots), ctypes.c_float(s), _ptr(divisors), ctypes.c_int(divisors.numel()),
-                 _ptr(data), _ptr(scales.view(torch.uint8)), _threads(nt * bpt * 4))
+    slots = slots.to(torch.int64).contiguous()
+    slot_ptr, divs, nd = _ptr(slots), _ptr(divisors), ctypes.c_int(divisors.numel())
+    for data, scales, x, s in stores:
+        if x.dtype not in (torch.float32, torch.bfloat16):
+            x = x.float()
+        x = x.contiguous()
+        nt, bpt = x.shape[0], x.numel() // max(x.shape[0], 1) // 16
+        lib.kv_write(_ptr(x), ctypes.c_int(x.dtype == torch.bfloat16), ctypes.c_int64(nt), ctypes.c_int64(bpt),
+                     slot_ptr, ctypes.c_float(s), divs, nd, _ptr(data), _ptr(scales.view(torch.uint8)),
+                     _threads(nt * bpt * 4))
 
 
 def kv_gather(data: torch.Tensor, scales: torch.Tensor, block_ids: torch.Tensor, s: float,
               dtype: torch.dtype) -> torch.Tensor | None:
     """The blocks data[block_ids], scales[block_ids] (pool tensors, first dim = block) dequantized:
     [n, values per block] in dtype (float32 or bfloat16; None for other dtypes)."""
+    out = kv_gather_pairs([(data, scales, s)], block_ids, dtype)
+    return None if out is None else out[0]
+
+
+def kv_gather_pairs(stores: list, block_ids: torch.Tensor, dtype: torch.dtype) -> list[torch.Tensor] | None:
+    """kv_gather for several (data, scales, s) read at the same block ids (a layer's K and V)."""
     if dtype not in (torch.float32, torch.bfloat16):
         return None
     lib = _require()
     ids = block_ids.reshape(-1).to(torch.int64).contiguous()
-    per = scales[0].numel()
-    out = torch.empty(ids.numel(), per * 16, dtype=dtype)
-    lib.kv_gather(_ptr(data), _ptr(scales.view(torch.uint8)), _ptr(ids), ctypes.c_int64(ids.numel()),
-                  ctypes.c_int64(per), ctypes.c_float(s), _ptr(_e4m3), _ptr(out),
-                  ctypes.c_int(dtype == torch.bfloat16), _threads(ids.numel() * per))
-    return out
+    n, id_ptr, bf16 = ids.numel(), _ptr(ids), ctypes.c_int(dtype == torch.bfloat16)
+    outs = []
+    for data, scales, s in stores:
+        per = scales.numel() // max(scales.shape[0], 1)
+        out = torch.empty(n, per * 16, dtype=dtype)
+        lib.kv_gather(_ptr(data), _ptr(scales.view(torch.uint8)), id_ptr, ctypes.c_int64(n), ctypes.c_int64(per),
+                      ctypes.c_float(s), _ptr(_e4m3), _ptr(out), bf16, _threads(n * per))
+        outs.append(out)
+    return outs
 
 
 def _small(rows: int, per_row: int) -> ctypes.c_int:

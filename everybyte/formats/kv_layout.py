@@ -70,6 +70,11 @@ class KVFormat(ABC):
         self.write(k_store, slot_mapping, k, k_scale)
         self.write(v_store, slot_mapping, v, v_scale)
 
+    def read_kv(self, k_store, v_store, block_ids: torch.Tensor, k_scale: float, v_scale: float,
+                dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        """read() of a layer's K and V at the same block ids (formats may share the work)."""
+        return self.read(k_store, block_ids, k_scale, dtype), self.read(v_store, block_ids, v_scale, dtype)
+
     def read(self, store: dict[str, torch.Tensor], block_ids: torch.Tensor, scale: float,
              dtype=torch.float32) -> torch.Tensor:
         """Gather blocks and dequantize: [..., block_size, num_kv_heads, head_dim]."""
@@ -161,8 +166,9 @@ class NVFP4KV(KVFormat):
         if slot_mapping.numel() == 0:
             return
         if _c_kernels(k) and _flat(k_store) and _flat(v_store):
-            self.write(k_store, slot_mapping, k, k_scale)
-            self.write(v_store, slot_mapping, v, v_scale)
+            cpu_kernels.kv_write_pairs([(k_store["data"], k_store["scales"], k, float(k_scale)),
+                                        (v_store["data"], v_store["scales"], v, float(v_scale))],
+                                       slot_mapping, divisors("cpu"))
             return
         keep = slot_mapping >= 0
         if not bool(keep.all()):
@@ -176,6 +182,14 @@ class NVFP4KV(KVFormat):
             for key, value in (("data", packed[rows]), ("scales", sf[rows])):
                 t = store[key]
                 t.view(-1, *t.shape[2:])[slot_mapping] = value
+
+    def read_kv(self, k_store, v_store, block_ids, k_scale, v_scale, dtype=torch.float32):
+        if _c_kernels(k_store["data"]) and _flat(k_store) and _flat(v_store) and dtype in (torch.float32, torch.bfloat16):
+            k, v = cpu_kernels.kv_gather_pairs([(k_store["data"], k_store["scales"], float(k_scale)),
+                                                (v_store["data"], v_store["scales"], float(v_scale))], block_ids, dtype)
+            shape = (*block_ids.shape, *k_store["data"].shape[1:-1], -1)
+            return k.view(shape), v.view(shape)
+        return super().read_kv(k_store, v_store, block_ids, k_scale, v_scale, dtype)
 
     def read(self, store, block_ids, scale, dtype=torch.float32):
         if _c_kernels(store["data"]) and _flat(store) and dtype in (torch.float32, torch.bfloat16):

@@ -137,8 +137,7 @@ def _plan(meta: AttentionMetadata, granule: int, device):
 
 
 def _gather(cache: LayerKVCache, block_ids: torch.Tensor, dtype):
-    k = cache.fmt.read(cache.k, block_ids, cache.k_scale, dtype)
-    v = cache.fmt.read(cache.v, block_ids, cache.v_scale, dtype)
+    k, v = cache.fmt.read_kv(cache.k, cache.v, block_ids, cache.k_scale, cache.v_scale, dtype)
     shape = (*block_ids.shape[:-1], -1, *k.shape[-2:])
     return k.reshape(shape), v.reshape(shape)
 

@@ -37,38 +37,49 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: La
     """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]. Stores k/v at meta.slot_mapping, then each
     sequence's new queries attend causally over its whole context read back from the cache."""
     head_dim = q.shape[-1]
+    rotation = None
     if cache.fmt.rotate and head_dim & (head_dim - 1) == 0:
-        h = hadamard(head_dim, q.dtype, str(q.device))
-        return _attend(q @ h, k @ h, v @ h, cache, meta, scale) @ h
-    return _attend(q, k, v, cache, meta, scale)
+        rotation = hadamard(head_dim, q.dtype, str(q.device))
+    return _attend(q, k, v, cache, meta, scale, rotation)
 
 
-def _attend(q, k, v, cache: LayerKVCache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    cache.fmt.write_kv(cache.k, cache.v, meta.slot_mapping, k, v, cache.k_scale, cache.v_scale)
+def _attend(q, k, v, cache: LayerKVCache, meta: AttentionMetadata, scale: float, h=None) -> torch.Tensor:
+    """h: the format's rotation (KV stored as x @ h). Decode rotates its queries and outputs; a
+    prefill chunk does the same, or, when its context is short next to its queries (a first chunk),
+    rotates the gathered K/V back instead, which costs fewer matmul rows."""
+    kr, vr = (k, v) if h is None else (k @ h, v @ h)
+    cache.fmt.write_kv(cache.k, cache.v, meta.slot_mapping, kr, vr, cache.k_scale, cache.v_scale)
     tails = meta.tail_slots is not None and cache.tail_k is not None
     span = cache.tail_k.shape[1] if tails else cache.block_size
     plan = meta.derived.get("plan")
     if plan is None:
         plan = meta.derived["plan"] = _plan(meta, span, q.device)
     decode_tokens, decode_rows, decode_mask, prefills = plan
-    exact = [_exact_own_blocks(k, v, cache, meta, p) for p in prefills] if tails else [None] * len(prefills)
+    back = [h is not None and ctx * k.shape[1] < n * q.shape[1] for _, _, n, ctx in prefills]
+    exact = [(_exact_own_blocks(k, v, cache, meta, p, h) if b else _exact_own_blocks(kr, vr, cache, meta, p))
+             if tails else None for p, b in zip(prefills, back)]
     if tails:
         index = meta.derived.get("tail_index")
         if index is None:
             index = meta.derived["tail_index"] = _tail_index(meta, span, q.device)
         tokens, flat = index
-        ks, vs = (k, v) if tokens is None else (k.index_select(0, tokens), v.index_select(0, tokens))
+        ks, vs = (kr, vr) if tokens is None else (kr.index_select(0, tokens), vr.index_select(0, tokens))
         cache.tail_k.view(-1, *k.shape[1:]).index_copy_(0, flat, ks.to(cache.tail_k.dtype))
         cache.tail_v.view(-1, *v.shape[1:]).index_copy_(0, flat, vs.to(cache.tail_v.dtype))
+    rot = (lambda x: x) if h is None else (lambda x: x @ h)
     if not prefills:
-        return _decode(q, cache, meta.block_tables, decode_mask, scale,
-                       _decode_tails(meta, decode_rows, tails, span))
+        return rot(_decode(rot(q), cache, meta.block_tables, decode_mask, scale,
+                           _decode_tails(meta, decode_rows, tails, span)))
     out = torch.empty_like(q)
     if decode_tokens is not None:
-        out[decode_tokens] = _decode(q[decode_tokens], cache, meta.block_tables[decode_rows], decode_mask,
-                                     scale, _decode_tails(meta, decode_rows, tails, span))
-    for (row, start, n, ctx), own in zip(prefills, exact):
-        out[start:start + n] = _prefill(q[start:start + n], cache, meta.block_tables[row], ctx, scale, own)
+        out[decode_tokens] = rot(_decode(rot(q[decode_tokens]), cache, meta.block_tables[decode_rows],
+                                         decode_mask, scale, _decode_tails(meta, decode_rows, tails, span)))
+    for (row, start, n, ctx), own, b in zip(prefills, exact, back):
+        chunk = q[start:start + n]
+        if b:
+            out[start:start + n] = _prefill(chunk, cache, meta.block_tables[row], ctx, scale, own, h)
+        else:
+            out[start:start + n] = rot(_prefill(rot(chunk), cache, meta.block_tables[row], ctx, scale, own))
     return out
 
 
@@ -86,16 +97,19 @@ def _tail_index(meta: AttentionMetadata, bs: int, device):
     return (None if every else as_index(tokens)), as_index(flat)
 
 
-def _exact_own_blocks(k, v, cache: LayerKVCache, meta: AttentionMetadata, prefill):
+def _exact_own_blocks(k, v, cache: LayerKVCache, meta: AttentionMetadata, prefill, h=None):
     """Unquantized K/V of positions [own span start of the chunk's first token, context end):
-    the tail slot's earlier tokens, then the chunk's own (read before the slot is overwritten)."""
+    the tail slot's earlier tokens, then the chunk's own (read before the slot is overwritten).
+    With h, k/v are unrotated and the slot's (stored, rotated) tokens are rotated back."""
     row, first, n, ctx = prefill
     start, bs = ctx - n, cache.tail_k.shape[1]
     slot, before = meta.tail_slots[row], start % bs
     ks, vs = k[first:first + n], v[first:first + n]
     if before:
-        ks = torch.cat([cache.tail_k[slot, :before].to(k.dtype), ks])
-        vs = torch.cat([cache.tail_v[slot, :before].to(v.dtype), vs])
+        tk, tv = cache.tail_k[slot, :before].to(k.dtype), cache.tail_v[slot, :before].to(v.dtype)
+        if h is not None:
+            tk, tv = tk @ h, tv @ h
+        ks, vs = torch.cat([tk, ks]), torch.cat([tv, vs])
     return ks, vs
 
 
@@ -165,11 +179,13 @@ def _decode(q, cache, block_tables, mask, scale, tails=None):
     return out.reshape(batch, num_heads, head_dim)
 
 
-def _prefill(q, cache, block_table, context_len, scale, exact=None):
+def _prefill(q, cache, block_table, context_len, scale, exact=None, unrotate=None):
     n = q.shape[0]
     num_blocks = -(-context_len // cache.block_size)
     k, v = _gather(cache, block_table[:num_blocks], q.dtype)
     k, v = k[:context_len], v[:context_len]
+    if unrotate is not None:
+        k, v = k @ unrotate, v @ unrotate
     if exact is not None:
         return own_block_attention(q, k, v, *exact, scale, cache.tail_k.shape[1])
     k, v = k.transpose(0, 1), v.transpose(0, 1)

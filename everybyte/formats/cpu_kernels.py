@@ -119,8 +119,9 @@ def _scale_arg(s: torch.Tensor) -> tuple[torch.Tensor, int]:
     return s, (0 if s.numel() == 1 else 1)
 
 
-def _threads(nb: int) -> ctypes.c_int:
-    return ctypes.c_int(torch.get_num_threads() if nb >= PARALLEL_MIN_BLOCKS else 1)
+def _threads(units: int, minimum: int = PARALLEL_MIN_BLOCKS) -> ctypes.c_int:
+    """All torch threads for at least `minimum` units of work (16-value blocks by default), else one."""
+    return ctypes.c_int(torch.get_num_threads() if units >= minimum else 1)
 
 
 def abs_max(x: torch.Tensor) -> torch.Tensor | None:
@@ -217,10 +218,6 @@ def kv_gather_pairs(stores: list, block_ids: torch.Tensor, dtype: torch.dtype) -
     return outs
 
 
-def _small(rows: int, per_row: int) -> ctypes.c_int:
-    return ctypes.c_int(torch.get_num_threads() if rows * per_row >= (1 << 16) else 1)
-
-
 def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """float32 CPU, contiguous [rows, n]: residual += x in place (when given), returns the RMS-normed
     (residual or x) * weight."""
@@ -228,7 +225,7 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
     rows, n = x.shape
     out = torch.empty_like(x)
     lib.add_rmsnorm_f32(_ptr(x), _ptr(residual) if residual is not None else None, _ptr(weight), _ptr(out),
-                        ctypes.c_int64(rows), ctypes.c_int64(n), ctypes.c_float(eps), _small(rows, n))
+                        ctypes.c_int64(rows), ctypes.c_int64(n), ctypes.c_float(eps), _threads(rows * n, 1 << 16))
     return out
 
 
@@ -242,5 +239,5 @@ def rope(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor, positions: torch
     q_out, k_out = torch.empty(T, hq, d), torch.empty(T, hk, d)
     lib.rope_f32(_ptr(q), ctypes.c_int64(q.stride(0)), ctypes.c_int64(hq), _ptr(k), ctypes.c_int64(k.stride(0)),
                  ctypes.c_int64(hk), ctypes.c_int64(T), ctypes.c_int64(d), _ptr(table), _ptr(positions),
-                 _ptr(q_out), _ptr(k_out), _small(T, (hq + hk) * d))
+                 _ptr(q_out), _ptr(k_out), _threads(T * (hq + hk) * d, 1 << 16))
     return q_out, k_out

@@ -56,7 +56,7 @@ def _attend(q, k, v, cache: LayerKVCache, meta: AttentionMetadata, scale: float,
         plan = meta.derived["plan"] = _plan(meta, span, q.device)
     decode_tokens, decode_rows, decode_mask, prefills = plan
     back = [h is not None and ctx * k.shape[1] < n * q.shape[1] for _, _, n, ctx in prefills]
-    exact = [(_exact_own_blocks(k, v, cache, meta, p, h) if b else _exact_own_blocks(kr, vr, cache, meta, p))
+    exact = [(_exact_own_span(k, v, cache, meta, p, h) if b else _exact_own_span(kr, vr, cache, meta, p))
              if tails else None for p, b in zip(prefills, back)]
     if tails:
         index = meta.derived.get("tail_index")
@@ -97,7 +97,7 @@ def _tail_index(meta: AttentionMetadata, bs: int, device):
     return (None if every else as_index(tokens)), as_index(flat)
 
 
-def _exact_own_blocks(k, v, cache: LayerKVCache, meta: AttentionMetadata, prefill, h=None):
+def _exact_own_span(k, v, cache: LayerKVCache, meta: AttentionMetadata, prefill, h=None):
     """Unquantized K/V of positions [own span start of the chunk's first token, context end):
     the tail slot's earlier tokens, then the chunk's own (read before the slot is overwritten).
     With h, k/v are unrotated and the slot's (stored, rotated) tokens are rotated back."""

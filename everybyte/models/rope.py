@@ -38,6 +38,7 @@ class RotaryEmbedding(nn.Module):
         inv_freq = rope_inv_freq(head_dim, theta, rope_scaling)
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
         self.register_buffer("cos_sin", torch.cat([freqs.cos(), freqs.sin()], dim=-1), persistent=False)
+        self._checked: tuple = (None, False)       # (positions tensor, in the table)
 
     def forward(self, positions: torch.Tensor, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Rotate each x [T, H, D] at positions [T]; computed in fp32, returned in x's dtype."""
@@ -56,6 +57,13 @@ class RotaryEmbedding(nn.Module):
                            and t.stride(2) == 1 and t.stride(1) == t.shape[2])
         return (dense(q) and dense(k) and q.shape[2] == k.shape[2] == self.cos_sin.shape[1]
                 and self.cos_sin.dtype is torch.float32 and self.cos_sin.device.type == "cpu"
-                and positions.dtype is torch.int64 and positions.is_contiguous() and positions.numel() > 0
-                and int(positions.max()) < self.cos_sin.shape[0] and int(positions.min()) >= 0
-                and cpu_kernels.available())
+                and self._in_table(positions) and cpu_kernels.available())
+
+    def _in_table(self, positions) -> bool:
+        """int64, contiguous, every position a row of the table (the kernel does not bounds-check).
+        Checked once per positions tensor: every layer of a forward passes the same one."""
+        if positions is not self._checked[0]:
+            ok = (positions.dtype is torch.int64 and positions.is_contiguous() and positions.numel() > 0
+                  and int(positions.max()) < self.cos_sin.shape[0] and int(positions.min()) >= 0)
+            self._checked = (positions, ok)
+        return self._checked[1]

@@ -50,11 +50,17 @@ def test_bulk_store_and_load_any_block_order(fmt):
     for i, row in enumerate(batch):                      # every row is a plain, checksummed block
         d = decode_block(row, verify=True, expect_format=fmt)
         assert d.name == NAMES[i] and d.tensors.keys() == block_tensors(src, ids[i]).keys()
+    shifted = torch.empty(batch.numel() + 4, dtype=torch.uint8)           # rows 4-byte but not 8-byte aligned
+    shifted[4:] = batch.view(-1)
+    shifted = shifted[4:].view(batch.shape)
     for targets in ([10, 11, 12, 13, 14, 15, 16], random.Random(0).sample(range(40), len(ids))):
-        for bufs in ([row for row in batch], [row.clone() for row in batch]):   # one buffer / scattered
+        for bufs in ([row for row in batch], [row.clone() for row in batch], list(shifted)):  # one buffer / scattered
             assert other.check_many(bufs, NAMES[:len(ids)]) == (len(ids), None)
             other.load(bufs, targets)
             assert all(same_block(src, i, dst, t) for i, t in zip(ids, targets))
+            third = random_pool(fmt, 3)
+            assert pool_codec(third).load_checked(bufs, NAMES[:len(ids)], targets) == (len(ids), None)
+            assert all(same_block(src, i, third, t) for i, t in zip(ids, targets))
 
 
 def test_check_stops_at_the_first_bad_block_and_names_mismatches():
@@ -67,6 +73,11 @@ def test_check_stops_at_the_first_bad_block_and_names_mismatches():
     bad[1, 2] ^= 0xFF                                       # magic of the second block
     good, err = codec.check_many([row for row in bad], NAMES[:4])
     assert good == 1 and isinstance(err, CorruptBlock)
+    other = random_pool(seed=5)
+    untouched = random_pool(seed=5)
+    good, err = pool_codec(other).load_checked([row for row in bad], NAMES[:4], [10, 11, 12, 13])
+    assert good == 1 and isinstance(err, CorruptBlock) and same_block(pool, 0, other, 10)
+    assert all(same_block(other, b, untouched, b) for b in (11, 12, 13))          # nothing past it
     bad = batch[2].clone()
     bad[-5] ^= 1                                            # payload: only a checksum sees it
     assert codec.check_many([bad], [NAMES[2]])[0] == 1
@@ -118,3 +129,72 @@ def test_disk_pack_is_read_back_in_one_buffer(tmp_path):
     for name in NAMES[:6]:
         restarted.delete(name)
     assert not list(tmp_path.rglob("*.kvp")) and restarted.used_bytes == 0
+
+
+def big_pack(tmp_path, n=40, size=100_000):
+    """A disk tier holding one pack of n random blocks (over 2 * STREAM_BYTES: read in the background)."""
+    g = torch.Generator().manual_seed(7)
+    batch = torch.randint(0, 256, (n, size), dtype=torch.uint8, generator=g)
+    disk = DiskTier(tmp_path, 1 << 30)
+    assert disk.put_many(NAMES[:n], batch) == [True] * n
+    return disk, batch
+
+
+def test_disk_stream_hands_on_a_pack_in_parts_as_it_is_read(tmp_path):
+    disk, batch = big_pack(tmp_path)
+    parts = list(disk.get_stream(NAMES[:40]))
+    assert len(parts) > 2 and sorted(i for part in parts for i, _ in part) == list(range(40))
+    assert all(torch.equal(buf, batch[i]) for part in parts for i, buf in part)
+    arena = torch.empty(8 << 20, dtype=torch.uint8)
+    lent = []
+    scratch = lambda n: lent.append(n) or arena[:n]                       # noqa: E731
+    parts = list(disk.get_stream(NAMES[:40], scratch))
+    assert lent and all(buf.untyped_storage().data_ptr() == arena.untyped_storage().data_ptr()
+                        for part in parts for _, buf in part)
+    assert all(torch.equal(buf, batch[i]) for part in parts for i, buf in part)
+
+
+def test_disk_stream_closed_early_and_a_short_pack_is_a_miss_from_where_it_ends(tmp_path):
+    disk, batch = big_pack(tmp_path)
+    stream = disk.get_stream(NAMES[:40])
+    first = next(stream)
+    stream.close()                                  # the consumer stops: the reader must stop too
+    assert first and all(torch.equal(buf, batch[i]) for i, buf in first)
+    (pack,) = tmp_path.rglob("*.kvp")
+    offset, size = read_pack_table(str(pack))[NAMES[30]]
+    os.truncate(pack, offset + size // 2)           # the file ends inside block 30
+    got = disk.get_many(NAMES[:40])
+    assert all(torch.equal(got[i], batch[i]) for i in range(30)) and got[30:] == [None] * 10
+    assert disk.stats["corrupt"] >= 1
+
+
+def test_loader_scratch_hands_out_distinct_slices_and_reuses_them_next_job():
+    import threading
+    from everybyte.kv.block_loader import _Scratch
+    local = threading.local()
+    job = _Scratch(local)
+    a, b = job(1000), job(3000)                         # first job: nothing to reuse yet
+    assert a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()
+    job = _Scratch(local)                               # the next job reuses one arena
+    a, b = job(1000), job(3000)
+    base, arena = local.arena.data_ptr(), local.arena
+    assert a.data_ptr() == base and b.data_ptr() == base + 1024         # 64-byte aligned slices
+    c = job(10_000)                                     # past the arena: a fresh buffer, and it grows
+    assert c.untyped_storage().data_ptr() != arena.untyped_storage().data_ptr()
+    assert local.arena.numel() >= 1024 + 3008 + 10_000
+
+
+@pytest.mark.parametrize("dst_offset", [0, 8])
+def test_chunk_copy_kernel_matches_torch(dst_offset):
+    from everybyte.formats import cpu_kernels
+    if not cpu_kernels.available():
+        pytest.skip(f"C kernels unavailable: {cpu_kernels.error()}")
+    g = torch.Generator().manual_seed(3)
+    src = torch.randint(0, 256, (5 * 1000 + 64,), dtype=torch.uint8, generator=g)
+    view = src.as_strided((3, 5, 96), (96, 1000, 1), 64)        # 3 rows of 96-byte chunks in 5 blocks
+    pool = torch.zeros(3 * 12 * 96 + dst_offset, dtype=torch.uint8)
+    dst = pool[dst_offset:].view(3, 12, 96)[:, 4:9]              # 32-byte aligned (streamed) or not
+    assert cpu_kernels.copy_chunks(dst, view)
+    assert torch.equal(dst, view) and int(pool[:dst_offset].sum()) == 0
+    assert torch.count_nonzero(pool[dst_offset:].view(3, 12, 96)[:, :4]) == 0
+    assert not cpu_kernels.copy_chunks(dst.float(), view.float())       # not bytes: the caller copies

@@ -12,6 +12,7 @@ from everybyte.kv.tier_config import (build_tiers, load_beats_recompute, measure
                                       parse_kv_tiers)
 from everybyte.kv.tiers import (CorruptBlock, DiskTier, FormatMismatch, HostTier, SharedDirTier,
                                 decode_block, encode_block, encode_pool_block, load_pool_block)
+from everybyte.kv.tiers.base import FRAME
 from everybyte.kv.tiers.codec import peek_header
 from everybyte.kv.tiers.pool_codec import block_tensors
 
@@ -115,7 +116,7 @@ def test_host_tier_round_trip_lru_and_capacity():
 
 # ---- disk and shared dir -------------------------------------------------------------------
 def test_disk_tier_round_trip_persistence_and_eviction(tmp_path):
-    one = encoded(0).numel() + 16
+    one = encoded(0).numel() + FRAME.size
     t = DiskTier(tmp_path, 3 * one + 100)
     futs = [t.put_async(NAMES[i], encoded(i)) for i in range(3)]
     assert all(f.result() for f in futs)
@@ -190,7 +191,7 @@ def test_shared_dir_two_nodes_see_each_other(tmp_path):
 
 
 def test_shared_dir_capacity(tmp_path):
-    one = encoded(0).numel() + 16
+    one = encoded(0).numel() + FRAME.size
     a = SharedDirTier(tmp_path, 2 * one, rescan_s=0.0)
     b = SharedDirTier(tmp_path, 2 * one, rescan_s=0.0)
     a.put(NAMES[0], encoded(0))
@@ -204,7 +205,7 @@ def test_shared_dir_capacity(tmp_path):
 # ---- redis ---------------------------------------------------------------------------------
 def test_redis_round_trip_two_clients_and_capacity(redis_server):
     from everybyte.kv.tiers import RedisTier
-    one = encoded(0).numel() + 16
+    one = encoded(0).numel() + FRAME.size
     a = RedisTier(redis_server.url, 3 * one, prefix="t1:")
     b = RedisTier(redis_server.url, 3 * one, prefix="t1:")       # another process of the pod
     other = RedisTier(redis_server.url, 3 * one, prefix="t2:")   # another deployment

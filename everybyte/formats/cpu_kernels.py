@@ -23,10 +23,11 @@ from pathlib import Path
 import torch
 
 from everybyte.formats.nvfp4_c import SOURCE as _NVFP4
+from everybyte.formats.block_copy_c import COPY_SOURCE
 from everybyte.formats.layer_ops_c import LAYER_SOURCE
 from everybyte.formats.nvfp4_kv_c import KV_SOURCE
 
-SOURCE = _NVFP4 + KV_SOURCE + LAYER_SOURCE
+SOURCE = _NVFP4 + KV_SOURCE + LAYER_SOURCE + COPY_SOURCE
 
 PARALLEL_MIN_BLOCKS = 1 << 14      # below this (256K values) one thread: no OpenMP wake-up latency
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC"]
@@ -82,7 +83,7 @@ def _load() -> ctypes.CDLL | None:
         except (subprocess.CalledProcessError, OSError):
             lib = ctypes.CDLL(str(_build(cc, openmp=False)))
         for name in ("init_tables", "quantize_f32", "quantize_bf16", "dequantize_f32", "dequantize_bf16",
-                     "kv_write", "kv_gather", "add_rmsnorm_f32", "rope_f32"):
+                     "kv_write", "kv_gather", "add_rmsnorm_f32", "rope_f32", "copy_chunks"):
             getattr(lib, name).restype = None
         lib.absmax_f32.restype = lib.absmax_bf16.restype = ctypes.c_uint32
         lib.init_tables()
@@ -241,3 +242,18 @@ def rope(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor, positions: torch
                  ctypes.c_int64(hk), ctypes.c_int64(T), ctypes.c_int64(d), _ptr(table), _ptr(positions),
                  _ptr(q_out), _ptr(k_out), _threads(T * (hq + hk) * d, 1 << 16))
     return q_out, k_out
+
+
+def copy_chunks(dst: torch.Tensor, src: torch.Tensor) -> bool:
+    """dst.copy_(src) for [rows, n, chunk] uint8 CPU views whose chunks are contiguous, with
+    streaming stores (block_copy_c); False, copying nothing, when the kernels are unavailable or
+    the views are not of that kind."""
+    lib = _load()
+    if lib is None or dst.dtype != torch.uint8 or src.dtype != torch.uint8 or dst.dim() != 3 \
+            or dst.shape != src.shape or dst.stride(2) != 1 or src.stride(2) != 1 or dst.is_cuda or src.is_cuda:
+        return False
+    rows, n, chunk = dst.shape
+    i64 = ctypes.c_int64
+    lib.copy_chunks(_ptr(dst), i64(dst.stride(0)), i64(dst.stride(1)), _ptr(src), i64(src.stride(0)),
+                    i64(src.stride(1)), i64(rows), i64(n), i64(chunk), _threads(rows * n * chunk, 1 << 20))
+    return True

@@ -151,16 +151,6 @@ def measure_load_bandwidth(tier: TierBackend, block_bytes: int = 1 << 20, num_bl
         tier.stats.counts.update(saved)
 
 
-def measure_memcpy_bandwidth(nbytes: int = 64 << 20) -> float:
-    """Host memcpy bytes/s, the yardstick for the host tier's load bandwidth."""
-    src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    t0 = time.perf_counter()
-    dst.copy_(src)
-    return nbytes / max(time.perf_counter() - t0, 1e-9)
-
-
 def probe_tiers(tiers: list[TierBackend], **kw) -> dict[str, float]:
     """Load bandwidth (bytes/s) per tier kind."""
     return {t.kind: measure_load_bandwidth(t, **kw) for t in tiers}

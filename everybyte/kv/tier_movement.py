@@ -4,7 +4,7 @@ Local tiers (G2 host, G3 disk) form a write-back chain: a block evicted from G1 
 first tier, and what that tier evicts spills to the next. Shared tiers (G3.5 Redis or a
 shared directory) get every newly computed full block written through asynchronously, so
 other nodes can reuse it. On admission the longest run of missing blocks is located across
-tiers (first tier that has each block) and fetched, a batch per tier (get_many). A tier whose
+tiers (first tier that has each block) and fetched, one streamed batch read per tier (get_stream). A tier whose
 measured load speed is slower than recomputing the same tokens is skipped. Batches move down
 the chain as batches (on_evict_many -> put_many), so a host buffer becomes one disk pack.
 """
@@ -78,21 +78,32 @@ class TierSet:
             out.append(tier)
         return out
 
-    def fetch(self, found: list[TierBackend], names: list[bytes]) -> list[tuple[TierBackend, object]]:
-        """Get the located blocks, one get_many per tier; (tier, buffer or None) in order."""
-        out: list = [None] * len(found)
+    def stream(self, found: list[TierBackend], names: list[bytes], scratch=None):
+        """Get the located blocks, one get_stream per tier: yields (tier, [(index, buffer or None)])
+        as they arrive (read into scratch, see TierBackend.get_stream); a tier failing mid-read
+        answers None for the rest of its blocks. The time
+        spent inside each tier's reads gives its measured load bandwidth."""
         for tier in dict.fromkeys(found):
             idx = [i for i, t in enumerate(found) if t is tier]
-            t0 = time.perf_counter()
+            answered, nbytes, busy = set(), 0, 0.0
+            reads = tier.get_stream([names[i] for i in idx], scratch)
             try:
-                bufs = tier.get_many([names[i] for i in idx])
-            except Exception as e:       # a tier failing mid-read is a miss
-                log.warning("%s tier read failed: %r", tier.level, e)
-                bufs = [None] * len(idx)
-            self.observe(tier, sum(_nbytes(b) for b in bufs if b is not None), time.perf_counter() - t0)
-            for i, buf in zip(idx, bufs):
-                out[i] = (tier, buf)
-        return out
+                while True:
+                    t0 = time.perf_counter()
+                    try:
+                        batch = next(reads, None)
+                    except Exception as e:       # a tier failing mid-read is a miss
+                        log.warning("%s tier read failed: %r", tier.level, e)
+                        batch = [(j, None) for j in range(len(idx)) if j not in answered]
+                        reads = iter(())
+                    busy += time.perf_counter() - t0
+                    if batch is None:
+                        break
+                    answered.update(j for j, _ in batch)
+                    nbytes += sum(_nbytes(b) for _, b in batch if b is not None)
+                    yield tier, [(idx[j], b) for j, b in batch]
+            finally:                             # also when the reader stops early
+                self.observe(tier, nbytes, busy)
 
     # ---- writes ------------------------------------------------------------------------------
     def write_through_blocks(self, names: list[bytes], datas) -> None:

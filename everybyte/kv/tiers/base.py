@@ -6,7 +6,7 @@ move a batch at once (the host tier keeps a batch in one buffer, the disk tier i
 *_async variants run on small shared thread pools so the engine can overlap I/O with compute:
 io_executor for single reads and writes (they never wait on other tasks), job_executor for tasks
 that wait on io_executor tasks (batch reads, block loads).
-Backends that persist bytes (disk, shared dir, Redis) wrap each value in a frame with a crc32.
+Backends that persist bytes (disk, shared dir, Redis) wrap each value in a frame with a checksum.
 """
 from __future__ import annotations
 
@@ -14,16 +14,17 @@ import logging
 import struct
 import threading
 import warnings
-import zlib
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
+
+import xxhash
 
 log = logging.getLogger("everybyte.kv.tiers")
 
-FRAME = struct.Struct("<4sQI")     # magic, payload length, crc32 of payload
-FRAME_MAGIC = b"EBT1"
+FRAME = struct.Struct("<4s4xQQ")   # magic, padding (payloads stay 8-byte aligned), payload length, checksum
+FRAME_MAGIC = b"EBT2"
 
 _executors: dict[str, ThreadPoolExecutor] = {}
 _executor_lock = threading.Lock()
@@ -75,8 +76,14 @@ def as_uint8_tensor(data) -> "torch.Tensor":
         return torch.frombuffer(data, dtype=torch.uint8)
 
 
+def checksum(data) -> int:
+    """xxh3-64 of a byte view. It runs at ~23 GB/s here against zlib.crc32's ~3, which made the
+    checks a third of a disk tier load."""
+    return xxhash.xxh3_64_intdigest(data)
+
+
 def frame_header(payload: memoryview) -> bytes:
-    return FRAME.pack(FRAME_MAGIC, len(payload), zlib.crc32(payload))
+    return FRAME.pack(FRAME_MAGIC, len(payload), checksum(payload))
 
 
 def unframe(buf) -> memoryview | None:
@@ -86,7 +93,7 @@ def unframe(buf) -> memoryview | None:
         return None
     magic, n, crc = FRAME.unpack(mv[:FRAME.size])
     payload = mv[FRAME.size:]
-    if magic != FRAME_MAGIC or n != len(payload) or zlib.crc32(payload) != crc:
+    if magic != FRAME_MAGIC or n != len(payload) or checksum(payload) != crc:
         return None
     return payload
 
@@ -228,6 +235,14 @@ class TierBackend(ABC):
     def get_many(self, names: list[bytes]) -> list:
         """get() of each name, reads in parallel."""
         return parallel([lambda n=n: self.get(n) for n in names])
+
+    def get_stream(self, names: list[bytes], scratch: Callable | None = None) -> Iterator[list[tuple[int, object]]]:
+        """get_many's answers as they come in: batches of (index into names, buffer or None),
+        each index once. A backend reading one long range yields its first blocks while the rest
+        are still on their way, so the loader copies those meanwhile. `scratch(nbytes)`, when
+        given, hands out reusable memory to read into (the caller keeps no view of what this
+        yields once the stream ends)."""
+        yield list(enumerate(self.get_many(names)))
 
     def contains_many(self, names: Iterable[bytes]) -> list[bool]:
         return [self.contains(n) for n in names]

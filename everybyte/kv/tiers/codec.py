@@ -1,7 +1,7 @@
 """One KV block as a self-describing buffer, identical in every tier.
 
-Layout: a 16-byte prefix (magic b"EBKV", version u16, flags u16, header length u32, crc32 u32 of
-everything after the prefix), a struct-packed header, then the payload at a 64-byte boundary.
+Layout: a 20-byte prefix (magic b"EBKV", version u16, flags u16, header length u32, xxh3-64 u64
+of everything after the prefix), a struct-packed header, then the payload at a 64-byte boundary.
 The header holds the block name (16 bytes), the KV format, the payload size, the per-layer K and V
 scales (float64), optional JSON meta, and the tensors as segments: a run of layers of one K or V
 field (key, dtype, per-layer shape) stored back to back at one payload offset. The block keeps its
@@ -13,16 +13,16 @@ from __future__ import annotations
 import json
 import math
 import struct
-import zlib
 from dataclasses import dataclass, field
 
 import torch
 
-from everybyte.kv.tiers.base import as_uint8_tensor
+from everybyte.kv.tiers.base import as_uint8_tensor, checksum
 
 MAGIC = b"EBKV"
-VERSION = 2
-PREFIX = struct.Struct("<4sHHII")      # magic, version, flags, header length, crc32
+VERSION = 3
+PREFIX = struct.Struct("<4sHHIQ")      # magic, version, flags, header length, checksum
+CHECKSUM = slice(12, 20)               # where the checksum lies in the prefix
 HEAD = struct.Struct("<16s16sQHHHI")   # name, format, payload bytes, segments, k scales, v scales, meta bytes
 SEG = struct.Struct("<cBBBHHQ")        # b"k"/b"v", dtype code, ndim, key length, first layer, layers, offset
 FLAG_NAME = 1
@@ -96,7 +96,7 @@ def plan_segments(entries: list[tuple[str, int, str, torch.dtype, tuple]]) -> tu
 
 def pack_header(fmt: str, segs: list[Segment], payload: int, k_scales: list[float], v_scales: list[float],
                 name: bytes | None = None, meta: dict | None = None) -> bytes:
-    """PREFIX (crc 0) + header, padded to the payload's start."""
+    """PREFIX (checksum 0) + header, padded to the payload's start."""
     fmt_b, meta_b = fmt.encode(), json.dumps(meta, separators=(",", ":")).encode() if meta else b""
     if len(fmt_b) > 16 or (name is not None and len(name) != 16):
         raise ValueError(f"format name over 16 bytes ({fmt!r}) or block name not 16 bytes")
@@ -113,8 +113,8 @@ def pack_header(fmt: str, segs: list[Segment], payload: int, k_scales: list[floa
 
 
 def seal(mv: memoryview) -> None:
-    """Write the crc32 of one encoded block (a writable byte view) into its prefix."""
-    struct.pack_into("<I", mv, 12, zlib.crc32(mv[PREFIX.size:]))
+    """Write the checksum of one encoded block (a writable byte view) into its prefix."""
+    struct.pack_into("<Q", mv, CHECKSUM.start, checksum(mv[PREFIX.size:]))
 
 
 def _split_key(key: str) -> tuple[str, int, str]:
@@ -196,7 +196,7 @@ def parse(buf, verify: bool = True) -> tuple[dict, list[Segment], int]:
         raise CorruptBlock(f"block is {len(mv)} bytes, header says {start + payload}")
     if any(s.offset + s.count * s.chunk > payload or s.kv not in ("k", "v") for s in segs):
         raise CorruptBlock("a tensor does not fit the block's payload")
-    if verify and zlib.crc32(mv[PREFIX.size:]) != crc:
+    if verify and checksum(mv[PREFIX.size:]) != crc:
         raise CorruptBlock("block checksum mismatch")
     header = {"format": fmt, "name": name.hex() if flags & FLAG_NAME else None, "payload_nbytes": payload,
               "scales": {**{f"k.{i}": s for i, s in enumerate(scales[:nk])},

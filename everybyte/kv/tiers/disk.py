@@ -1,7 +1,7 @@
 """G3: a local directory of block files, LRU within a byte capacity.
 
-One block put alone is one file (`<name>.kvb`: a frame with a crc32, then the block). A batch is
-one pack file (`<id>.kvp`: a table of names and offsets with its own crc32, then each block framed
+One block put alone is one file (`<name>.kvb`: a frame with a checksum, then the block). A batch is
+one pack file (`<id>.kvp`: a table of names and offsets with its own checksum, then each block framed
 as above), so reading it back is one sequential read into one buffer instead of a file per block.
 Writes are atomic (temp file in the same directory, fsync, os.replace), so a crash mid-write
 leaves either nothing or a whole file. Every frame is checked on read; a corrupt or truncated
@@ -13,20 +13,20 @@ import os
 import struct
 import time
 import uuid
-import zlib
 
 import torch
 
-from everybyte.kv.tiers.base import (FRAME, TierBackend, Unit, UnitIndex, as_bytes_view, frame_header,
-                                     parallel, unframe)
+from everybyte.kv.tiers.base import (FRAME, TierBackend, Unit, UnitIndex, as_bytes_view, checksum,
+                                     frame_header, io_executor, parallel, unframe)
+from everybyte.kv.tiers.reader import Progress, read_into
 
 SUFFIX, PACK_SUFFIX = ".kvb", ".kvp"
 TMP_PREFIX = ".tmp-"
-PACK = struct.Struct("<4sII")          # magic, blocks, crc32 of the table
+PACK = struct.Struct("<4sIQ")          # magic, blocks, checksum of the table
 ENTRY = struct.Struct("<16sQQ")        # name, offset, framed size
-PACK_MAGIC = b"EBKP"
-READ_CHUNK = 8 << 20                   # a range read by one thread (ranges in parallel)
+PACK_MAGIC = b"EBP2"
 READ_SIZE = 128 << 10                  # one read call: sequential calls keep the kernel reading ahead
+STREAM_BYTES = 1 << 20                 # frames handed on at a time while the rest of a range is read
 
 
 class DiskTier(TierBackend):
@@ -91,7 +91,7 @@ class DiskTier(TierBackend):
                 blocks[name] = (off, FRAME.size + len(payload))
                 off += FRAME.size + len(payload)
             table = b"".join(ENTRY.pack(n, o, s) for n, (o, s) in blocks.items())
-            parts = [PACK.pack(PACK_MAGIC, len(new), zlib.crc32(table)), table]
+            parts = [PACK.pack(PACK_MAGIC, len(new), checksum(table)), table]
             for _, payload in new:
                 parts += [frame_header(payload), payload]
         size = sum(len(p) for p in parts)
@@ -133,67 +133,94 @@ class DiskTier(TierBackend):
         return self.get_many([name])[0]
 
     def get_many(self, names) -> list:
-        """Blocks as views into one buffer: the blocks of one pack at adjacent offsets are read as
-        one range, ranges of up to READ_CHUNK bytes in parallel, each frame checked on its thread."""
-        where = []
+        out: list = [None] * len(names)
+        for batch in self.get_stream(names):
+            for i, payload in batch:
+                out[i] = payload
+        return out
+
+    def get_stream(self, names, scratch=None):
+        """Blocks of one pack at adjacent offsets are read as one range with back-to-back
+        sequential reads into one buffer (from `scratch` when given), yielded every STREAM_BYTES as
+        their frames check out; block files on their own are read in parallel and yielded at once."""
+        where, ranges = [], []            # ranges: [path, offset, [(i, size), ...], bytes]
         for i, name in enumerate(names):
             found = self._index.find(name)
-            path, off, size = (found[0].path, *found[1]) if found else (self.path(name), 0, None)
-            where.append((path, off, size, i))
-        known = sorted(w for w in where if w[2] is not None)
-        ranges = []                       # [path, offset, [(i, size), ...], bytes]
-        for path, off, size, i in known:
+            where.append((found[0].path, *found[1], i) if found else (self.path(name), 0, None, i))
+        for path, off, size, i in sorted(w for w in where if w[2] is not None):
             r = ranges[-1] if ranges else None
-            if r and r[0] == path and r[1] + r[3] == off and r[3] + size <= READ_CHUNK:
+            if r and r[0] == path and r[1] + r[3] == off:
                 r[2].append((i, size))
                 r[3] += size
             else:
                 ranges.append([path, off, [(i, size)], size])
-        staging = torch.empty(sum(r[3] for r in ranges), dtype=torch.uint8)
-        jobs, at = [], 0
-        for path, off, members, n in ranges:
-            jobs.append(lambda path=path, off=off, members=members, dst=staging[at:at + n]:
-                        self._read_range(path, off, members, dst))
-            at += n
-        jobs += [lambda path=path, i=i: self._read_range(path, 0, [(i, None)], None)
-                 for path, _, size, i in where if size is None]
-        out: list = [None] * len(names)
-        for results in parallel(jobs):
-            for i, payload, error in results:
-                out[i] = payload
-                if error:
-                    self._failed(names[i], error)
-                elif where[i][2] is None:        # a file this index did not know (another node's)
-                    self._index.add(Unit({names[i]: (0, payload.numel() + FRAME.size)},
-                                         payload.numel() + FRAME.size, where[i][0]))
-        hits = [p for p in out if p is not None]
-        self.stats.add("hits", len(hits))
-        self.stats.add("misses", len(out) - len(hits))
-        self.stats.add("bytes_read", sum(p.numel() + FRAME.size for p in hits))
-        return out
+        packs = sorted((r for r in ranges if len(r[2]) > 1), key=lambda r: r[2][0][0])
+        singles = [lambda r=r: list(self._read_frames(r[0], r[1], r[2]))[0] for r in ranges if len(r[2]) == 1]
+        singles += [lambda path=path, i=i: list(self._read_frames(path, 0, [(i, None)]))[0]
+                    for path, _, size, i in where if size is None]
+        if singles:
+            yield self._settle(names, where, [x for res in parallel(singles) for x in res])
+        for path, off, members, _ in packs:
+            for batch in self._read_frames(path, off, members, scratch, background=True):
+                yield self._settle(names, where, batch)
 
-    def _read_range(self, path: str, off: int, members: list, dst: torch.Tensor | None) -> list:
-        """Read framed blocks [(i, size)] lying back to back at `off` (size None: a whole file) into
-        dst with back-to-back sequential reads (nothing in between, so the kernel keeps reading
-        ahead), then check each frame."""
-        out, at = [], 0
+    def _settle(self, names: list[bytes], where: list, batch: list) -> list:
+        """Count a batch of read results [(i, payload or None, error)]; forget what failed."""
+        for i, payload, error in batch:
+            if error:
+                self._failed(names[i], error)
+            elif where[i][2] is None:        # a file this index did not know (another node's)
+                self._index.add(Unit({names[i]: (0, payload.numel() + FRAME.size)},
+                                     payload.numel() + FRAME.size, where[i][0]))
+        hits = [p for _, p, _ in batch if p is not None]
+        self.stats.add("hits", len(hits))
+        self.stats.add("misses", len(batch) - len(hits))
+        self.stats.add("bytes_read", sum(p.numel() + FRAME.size for p in hits))
+        return [(i, p) for i, p, _ in batch]
+
+    def _read_frames(self, path: str, off: int, members: list, scratch=None, background: bool = False):
+        """Read framed blocks [(i, size)] lying back to back at `off` (size None: a whole file)
+        into a buffer (fresh, or from scratch(nbytes)) with back-to-back sequential reads, and
+        yield [(i, payload view or None, error)] each time STREAM_BYTES more frames are in and
+        checked. In the background, a range over 2 * STREAM_BYTES is read by an I/O thread, so
+        the disk keeps reading while this generator checks frames and its consumer copies them
+        (in line, each read waits for the device: the reads and the copies add up)."""
         try:
-            with open(path, "rb", buffering=0) as f:
-                if dst is None:
-                    dst = torch.empty(os.fstat(f.fileno()).st_size, dtype=torch.uint8)
-                    members = [(members[0][0], dst.numel())]
-                mv, got = memoryview(dst.numpy()), 0
-                while got < len(mv) and (n := os.preadv(f.fileno(), [mv[got:got + READ_SIZE]], off + got)) > 0:
-                    got += n
+            fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
-            return [(i, None, "missing") for i, _ in members]
+            yield [(i, None, "missing") for i, _ in members]
+            return
         except OSError as e:
-            return [(i, None, e) for i, _ in members]
-        for i, size in members:
-            payload = unframe(mv[at:at + size]) if at + size <= got else None
-            out.append((i, None, "corrupt") if payload is None else (i, dst[at + FRAME.size:at + size], None))
-            at += size
-        return out
+            yield [(i, None, e) for i, _ in members]
+            return
+        try:
+            if members[0][1] is None:
+                members = [(members[0][0], os.fstat(fd).st_size)]
+            nbytes = sum(size for _, size in members)
+            dst = scratch(nbytes) if scratch else torch.empty(nbytes, dtype=torch.uint8)
+        except BaseException:
+            os.close(fd)
+            raise
+        mv, progress = memoryview(dst.numpy()), Progress()
+        if background and nbytes > 2 * STREAM_BYTES:
+            io_executor().submit(read_into, fd, off, mv, READ_SIZE, progress)
+        else:
+            read_into(fd, off, mv, READ_SIZE, progress)
+        try:
+            at, k, ready, ready_bytes = 0, 0, [], 0
+            while k < len(members):
+                got, ended, error = progress.wait_for(at + members[k][1])
+                while k < len(members) and (at + members[k][1] <= got or ended):
+                    i, size = members[k]
+                    payload = unframe(mv[at:at + size]) if at + size <= got else None
+                    ready.append((i, dst[at + FRAME.size:at + size], None) if payload is not None
+                                 else (i, None, error or "corrupt"))
+                    at, k, ready_bytes = at + size, k + 1, ready_bytes + size
+                if ready and (ready_bytes >= STREAM_BYTES or k == len(members)):
+                    yield ready
+                    ready, ready_bytes = [], 0
+        finally:
+            progress.stop()             # a consumer that stops early: nothing more lands in dst
 
     def _failed(self, name: bytes, error) -> None:
         if error == "missing":
@@ -279,6 +306,6 @@ def read_pack_table(path: str) -> dict | None:
             return None
         magic, count, crc = PACK.unpack(head)
         table = f.read(ENTRY.size * count)
-    if magic != PACK_MAGIC or len(table) != ENTRY.size * count or zlib.crc32(table) != crc:
+    if magic != PACK_MAGIC or len(table) != ENTRY.size * count or checksum(table) != crc:
         return None
     return {n: (o, s) for n, o, s in ENTRY.iter_unpack(table)}

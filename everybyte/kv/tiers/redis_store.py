@@ -1,6 +1,6 @@
 """G3.5: a pod-shared block store in Redis/Valkey through redis-py.
 
-Keys live under a prefix: `<prefix>b:<name hex>` holds a framed block (crc32 checked on read),
+Keys live under a prefix: `<prefix>b:<name hex>` holds a framed block (checksum checked on read),
 `<prefix>lru` (sorted set, last access time), `<prefix>sizes` (hash) and `<prefix>used` (byte
 counter) account the capacity shared by every process of the pod. Puts run as one Lua script that
 evicts least recently used blocks until the new one fits. An optional TTL expires blocks (renewed

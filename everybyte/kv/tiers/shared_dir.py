@@ -35,15 +35,15 @@ class SharedDirTier(DiskTier):
         """One file per block, always: other nodes find blocks by name."""
         return [super(SharedDirTier, self).put_many([n], [d])[0] for n, d in zip(names, datas)]
 
-    def get_many(self, names) -> list:
-        out = super().get_many(names)
-        for name, payload in zip(names, out):
-            if payload is not None:
-                try:
-                    os.utime(self.path(name))
-                except OSError:
-                    pass
-        return out
+    def get_stream(self, names, scratch=None):
+        for batch in super().get_stream(names, scratch):
+            for i, payload in batch:
+                if payload is not None:
+                    try:
+                        os.utime(self.path(names[i]))
+                    except OSError:
+                        pass
+            yield batch
 
     def _make_room(self, size: int) -> None:
         self._maybe_rescan()

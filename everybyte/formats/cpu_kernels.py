@@ -86,6 +86,7 @@ def _load() -> ctypes.CDLL | None:
                      "kv_write", "kv_gather", "add_rmsnorm_f32", "rope_f32", "copy_chunks"):
             getattr(lib, name).restype = None
         lib.absmax_f32.restype = lib.absmax_bf16.restype = ctypes.c_uint32
+        lib.read_range.restype = ctypes.c_int64
         lib.init_tables()
         _e4m3 = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float()
         _lib = lib
@@ -257,3 +258,16 @@ def copy_chunks(dst: torch.Tensor, src: torch.Tensor) -> bool:
     lib.copy_chunks(_ptr(dst), i64(dst.stride(0)), i64(dst.stride(1)), _ptr(src), i64(src.stride(0)),
                     i64(src.stride(1)), i64(rows), i64(n), i64(chunk), _threads(rows * n * chunk, 1 << 20))
     return True
+
+
+def read_range(fd: int, off: int, buf: memoryview, chunk: int) -> int | None:
+    """os.preadv of all of buf, as back-to-back reads of `chunk` in one call without the GIL;
+    bytes read, None when the kernels are unavailable. Raises OSError as preadv does."""
+    lib = _load()
+    if lib is None:
+        return None
+    arr = (ctypes.c_char * len(buf)).from_buffer(buf)
+    n = lib.read_range(ctypes.c_int(fd), ctypes.c_int64(off), arr, ctypes.c_int64(len(buf)), ctypes.c_int64(chunk))
+    if n < 0:
+        raise OSError(-n, os.strerror(-n))
+    return n

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import threading
 
+from everybyte.formats import cpu_kernels
+
 
 class Progress:
     """How far a background read has come: bytes in, whether it ended (and why if it failed);
@@ -33,12 +35,15 @@ class Progress:
             self._cond.wait_for(lambda: self.ended)
 
 
-def read_into(fd: int, off: int, mv: memoryview, read_size: int, progress: Progress) -> None:
-    """Fill mv from fd at off with back-to-back reads of read_size, reporting each; closes fd."""
+def read_into(fd: int, off: int, mv: memoryview, read_size: int, progress: Progress, report: int = 1 << 20) -> None:
+    """Fill mv from fd at off with back-to-back reads of read_size, reporting every `report`
+    bytes (the C loop reads those without taking the GIL in between); closes fd."""
     got = 0
     try:
         while got < len(mv):
-            n = os.preadv(fd, [mv[got:got + read_size]], off + got)
+            n = cpu_kernels.read_range(fd, off + got, mv[got:got + report], read_size)
+            if n is None:
+                n = os.preadv(fd, [mv[got:got + read_size]], off + got)
             if n <= 0:
                 break                           # the file is shorter than its table says
             got += n

@@ -9,7 +9,7 @@ import torch
 from everybyte.kv.block_id import KVNamespace, chain_block_ids
 from everybyte.kv.pool import KVPool
 from everybyte.kv.tiers import CorruptBlock, DiskTier, FormatMismatch, HostTier, decode_block, pool_codec
-from everybyte.kv.tiers.disk import read_pack_table
+from everybyte.kv.tiers.disk import RING_SLOTS, STREAM_BYTES, read_pack_table
 from everybyte.kv.tiers.pool_codec import block_tensors
 
 SHAPES = [(3, 64)] * 6
@@ -131,8 +131,9 @@ def test_disk_pack_is_read_back_in_one_buffer(tmp_path):
     assert not list(tmp_path.rglob("*.kvp")) and restarted.used_bytes == 0
 
 
-def big_pack(tmp_path, n=40, size=100_000):
-    """A disk tier holding one pack of n random blocks (over 2 * STREAM_BYTES: read in the background)."""
+def big_pack(tmp_path, n=40, size=200_000):
+    """A disk tier holding one pack of n random blocks (over RING_SLOTS * STREAM_BYTES: read in the
+    background, through a ring when the reader lends a scratch buffer)."""
     g = torch.Generator().manual_seed(7)
     batch = torch.randint(0, 256, (n, size), dtype=torch.uint8, generator=g)
     disk = DiskTier(tmp_path, 1 << 30)
@@ -140,26 +141,51 @@ def big_pack(tmp_path, n=40, size=100_000):
     return disk, batch
 
 
-def test_disk_stream_hands_on_a_pack_in_parts_as_it_is_read(tmp_path):
+@pytest.fixture(params=["c", "python"])
+def reader_kind(request, monkeypatch):
+    """Each disk stream test runs with the C reader (no GIL) and with the pure-Python fallback."""
+    from everybyte.formats import cpu_kernels
+    from everybyte.kv.tiers import disk, reader
+    if request.param == "c" and not cpu_kernels.available():
+        pytest.skip(f"C kernels unavailable: {cpu_kernels.error()}")
+    if request.param == "python":
+        monkeypatch.setattr(disk, "new_progress", reader.Progress)
+    return request.param
+
+
+def checked_stream(stream, batch) -> list[int]:
+    """Consume a stream checking each batch before asking for the next (the tier may then reuse
+    its buffers); the indices seen."""
+    seen = []
+    for part in stream:
+        assert all(torch.equal(buf, batch[i]) for i, buf in part)
+        seen += [i for i, _ in part]
+    return seen
+
+
+def test_disk_stream_hands_on_a_pack_in_parts_as_it_is_read(tmp_path, reader_kind):
     disk, batch = big_pack(tmp_path)
     parts = list(disk.get_stream(NAMES[:40]))
     assert len(parts) > 2 and sorted(i for part in parts for i, _ in part) == list(range(40))
-    assert all(torch.equal(buf, batch[i]) for part in parts for i, buf in part)
     arena = torch.empty(8 << 20, dtype=torch.uint8)
     lent = []
     scratch = lambda n: lent.append(n) or arena[:n]                       # noqa: E731
-    parts = list(disk.get_stream(NAMES[:40], scratch))
-    assert lent and all(buf.untyped_storage().data_ptr() == arena.untyped_storage().data_ptr()
-                        for part in parts for _, buf in part)
-    assert all(torch.equal(buf, batch[i]) for part in parts for i, buf in part)
+    ptrs = set()
+    for part in disk.get_stream(NAMES[:40], scratch):
+        assert all(torch.equal(buf, batch[i]) for i, buf in part)
+        ptrs |= {buf.untyped_storage().data_ptr() for _, buf in part}
+    assert ptrs == {arena.untyped_storage().data_ptr()}
+    assert lent == [lent[0]] and lent[0] <= RING_SLOTS * STREAM_BYTES < 40 * 200_000   # a ring, not all 8 MB
+    assert sorted(checked_stream(disk.get_stream(NAMES[:40], scratch), batch)) == list(range(40))
 
 
-def test_disk_stream_closed_early_and_a_short_pack_is_a_miss_from_where_it_ends(tmp_path):
+def test_disk_stream_closed_early_and_a_short_pack_is_a_miss_from_where_it_ends(tmp_path, reader_kind):
     disk, batch = big_pack(tmp_path)
-    stream = disk.get_stream(NAMES[:40])
+    arena = torch.empty(8 << 20, dtype=torch.uint8)
+    stream = disk.get_stream(NAMES[:40], lambda n: arena[:n])
     first = next(stream)
-    stream.close()                                  # the consumer stops: the reader must stop too
     assert first and all(torch.equal(buf, batch[i]) for i, buf in first)
+    stream.close()                                  # the consumer stops: the reader (waiting on the ring) too
     (pack,) = tmp_path.rglob("*.kvp")
     offset, size = read_pack_table(str(pack))[NAMES[30]]
     os.truncate(pack, offset + size // 2)           # the file ends inside block 30
@@ -168,20 +194,53 @@ def test_disk_stream_closed_early_and_a_short_pack_is_a_miss_from_where_it_ends(
     assert disk.stats["corrupt"] >= 1
 
 
-def test_loader_scratch_hands_out_distinct_slices_and_reuses_them_next_job():
+def test_read_plan_groups_frames_and_places_them_in_a_ring():
+    from everybyte.kv.tiers.reader import plan
+    frames = [(i, 3) for i in range(5)]
+    pieces, size = plan(frames, 100, 6, slots=2)
+    assert [([i for i, _ in g], start, n) for g, start, n, _ in pieces] == [([0, 1], 0, 6), ([2, 3], 6, 6), ([4], 12, 3)]
+    assert size == 12 and [p for *_, p in pieces] == [(100, 0, 6, 0), (106, 6, 6, 0), (112, 0, 3, 6)]
+    pieces, size = plan(frames, 100, 6, slots=3)          # a ring as long as the range: read it straight
+    assert size == 15 and [p for *_, p in pieces] == [(100, 0, 6, 0), (106, 6, 6, 0), (112, 12, 3, 0)]
+    assert plan([(0, 9), (1, 2)], 0, 6)[0][0][2] == 9      # a frame over piece_bytes is a piece alone
+
+
+def test_loader_takes_a_pack_whose_blocks_lie_in_another_order(tmp_path, reader_kind):
+    """The pack holds the chain backwards: the disk streams the last blocks first, through a ring
+    it reuses, so the loader keeps copies of blocks it cannot load yet; every block lands right."""
+    from everybyte.kv.block_loader import BlockLoader
+    from everybyte.kv.tier_movement import TierSet
+    shapes = [(3, 64)] * 60                                  # ~200 KB blocks: an 8 MB pack, read via a ring
+    src, dst = KVPool(shapes, "nvfp4", "16MiB", 16), KVPool(shapes, "nvfp4", "16MiB", 16)
+    g = torch.Generator().manual_seed(5)
+    for st in src.stacks:
+        st.tensor.view(torch.uint8).copy_(torch.randint(0, 256, st.tensor.view(torch.uint8).shape, generator=g,
+                                                        dtype=torch.uint8))
+    names, ids = NAMES[:40], list(range(40))
+    disk = DiskTier(tmp_path, 1 << 30)
+    assert disk.put_many(names[::-1], pool_codec(src).store(ids[::-1], names[::-1])) == [True] * 40
+    assert pool_codec(src).nbytes * 40 > RING_SLOTS * STREAM_BYTES
+    loader = BlockLoader(dst, TierSet([disk]))
+    targets = [i + 1 for i in ids]
+    job = loader.start(names, targets)
+    job.future.result()
+    loader.finished()
+    assert job.loaded == ["G3"] * 40 and not job.corrupt
+    assert all(same_block(src, i, dst, t) for i, t in zip(ids, targets))
+
+
+def test_loader_scratch_is_one_reused_buffer_per_thread(monkeypatch):
     import threading
-    from everybyte.kv.block_loader import _Scratch
+    from everybyte.kv import block_loader
     local = threading.local()
-    job = _Scratch(local)
-    a, b = job(1000), job(3000)                         # first job: nothing to reuse yet
-    assert a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()
-    job = _Scratch(local)                               # the next job reuses one arena
-    a, b = job(1000), job(3000)
-    base, arena = local.arena.data_ptr(), local.arena
-    assert a.data_ptr() == base and b.data_ptr() == base + 1024         # 64-byte aligned slices
-    c = job(10_000)                                     # past the arena: a fresh buffer, and it grows
-    assert c.untyped_storage().data_ptr() != arena.untyped_storage().data_ptr()
-    assert local.arena.numel() >= 1024 + 3008 + 10_000
+    job = block_loader._Scratch(local)
+    a = job(3000)
+    assert job(1000).data_ptr() == a.data_ptr() == block_loader._Scratch(local)(3000).data_ptr()
+    b = job(10_000)                                      # larger: it grows, and stays grown
+    assert b.numel() == 10_000 and local.arena.numel() == 10_000 and job(5000).data_ptr() == b.data_ptr()
+    monkeypatch.setattr(block_loader, "SCRATCH_MAX", 20_000)
+    c = job(30_000)                                      # past the cap: allocated, the buffer kept as is
+    assert c.numel() == 30_000 and local.arena.numel() == 10_000
 
 
 @pytest.mark.parametrize("dst_offset", [0, 8])

@@ -86,7 +86,10 @@ def _load() -> ctypes.CDLL | None:
                      "kv_write", "kv_gather", "add_rmsnorm_f32", "rope_f32", "copy_chunks"):
             getattr(lib, name).restype = None
         lib.absmax_f32.restype = lib.absmax_bf16.restype = ctypes.c_uint32
-        lib.read_range.restype = ctypes.c_int64
+        lib.progress_new.restype = ctypes.c_void_p
+        for name in ("progress_free", "progress_wait", "progress_release", "progress_stop", "progress_end",
+                     "read_pieces"):
+            getattr(lib, name).restype = None
         lib.init_tables()
         _e4m3 = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float()
         _lib = lib
@@ -260,14 +263,40 @@ def copy_chunks(dst: torch.Tensor, src: torch.Tensor) -> bool:
     return True
 
 
-def read_range(fd: int, off: int, buf: memoryview, chunk: int) -> int | None:
-    """os.preadv of all of buf, as back-to-back reads of `chunk` in one call without the GIL;
-    bytes read, None when the kernels are unavailable. Raises OSError as preadv does."""
-    lib = _load()
-    if lib is None:
-        return None
-    arr = (ctypes.c_char * len(buf)).from_buffer(buf)
-    n = lib.read_range(ctypes.c_int(fd), ctypes.c_int64(off), arr, ctypes.c_int64(len(buf)), ctypes.c_int64(chunk))
-    if n < 0:
-        raise OSError(-n, os.strerror(-n))
-    return n
+class ReadProgress:
+    """A ranged read's progress kept in C (see read_pieces): waits, releases and the reads all run
+    without the GIL. Freed when the last Python reference (consumer's or reader's) goes."""
+
+    def __init__(self):
+        self._lib = _require()
+        self.handle = ctypes.c_void_p(self._lib.progress_new())
+        if not self.handle.value:
+            raise MemoryError("progress_new")
+
+    def wait_for(self, nbytes: int) -> tuple[int, bool, Exception | None]:
+        out = (ctypes.c_int64 * 3)()
+        self._lib.progress_wait(self.handle, ctypes.c_int64(nbytes), out)
+        return out[0], bool(out[1]), OSError(out[2], os.strerror(out[2])) if out[2] else None
+
+    def release(self, nbytes: int) -> None:
+        self._lib.progress_release(self.handle, ctypes.c_int64(nbytes))
+
+    def stop(self) -> None:
+        self._lib.progress_stop(self.handle)
+
+    def end(self, got: int = 0, errno: int = 0) -> None:
+        self._lib.progress_end(self.handle, ctypes.c_int64(got), ctypes.c_int(errno))
+
+    def read(self, fd: int, pieces: list[tuple[int, int, int, int]], buf: memoryview, chunk: int) -> None:
+        """Read pieces [(file offset, offset in buf, length, bytes released first)] into buf."""
+        if any(at < 0 or n < 0 or at + n > len(buf) for _, at, n, _ in pieces):
+            raise ValueError("a piece lies outside the buffer")
+        flat = (ctypes.c_int64 * (4 * len(pieces)))(*(x for piece in pieces for x in piece))
+        arr = (ctypes.c_char * len(buf)).from_buffer(buf)
+        self._lib.read_pieces(ctypes.c_int(fd), flat, ctypes.c_int64(len(pieces)), arr, ctypes.c_int64(chunk),
+                              self.handle)
+
+    def __del__(self):
+        if getattr(self, "handle", None) and self.handle.value:
+            self._lib.progress_free(self.handle)
+            self.handle = None

@@ -30,7 +30,7 @@ from everybyte.kv.tiers.base import job_executor
 from everybyte.kv.tiers.pool_codec import pool_codec
 
 log = logging.getLogger(__name__)
-SCRATCH_MAX = 256 << 20
+SCRATCH_MAX = 64 << 20            # a disk read asks for a few MiB (see DiskTier._read_frames)
 
 
 @dataclass(eq=False)
@@ -120,6 +120,9 @@ class BlockLoader:
             if end > done and not self._load_run(job, done, arrived[done:end]):
                 return
             done = end
+            for i, buf in batch:            # waiting for an earlier block: the tier reuses its read buffer
+                if i >= done and isinstance(buf, torch.Tensor):
+                    arrived[i] = (tier, buf.clone())
 
     def _load_run(self, job: LoadJob, at: int, got: list) -> bool:
         """Check and copy blocks that arrived for job.names[at:]; False when the job's run ends
@@ -145,19 +148,19 @@ class BlockLoader:
 
 
 class _Scratch:
-    """Read buffers for one job: distinct slices of its worker thread's reused arena (fresh
-    allocations of ~10 MB cost a page fault per 4 KiB on every load: ~1/3 of a disk read here).
-    The arena grows to the largest job seen, up to SCRATCH_MAX; what does not fit is allocated."""
+    """The read buffer of a worker thread, reused by every read it does: a tier may overwrite
+    what it yielded once the next batch is asked for (the job copies or clones what it keeps),
+    so one buffer serves a whole job. Fresh allocations of ~10 MB cost a page fault per 4 KiB on
+    every load (~1/3 of a disk read here). It grows to the largest request up to SCRATCH_MAX; a
+    larger one is allocated."""
 
     def __init__(self, local: threading.local):
-        self.local, self.at, self.wanted = local, 0, 0
+        self.local = local
 
     def __call__(self, nbytes: int) -> torch.Tensor:
-        arena = getattr(self.local, "arena", None)
-        start, self.wanted = -(-self.at // 64) * 64, self.wanted + -(-nbytes // 64) * 64
-        if arena is None or start + nbytes > arena.numel():
-            if self.wanted <= SCRATCH_MAX and (arena is None or arena.numel() < self.wanted):
-                self.local.arena = torch.empty(self.wanted, dtype=torch.uint8)   # the next job's
-            return torch.empty(nbytes, dtype=torch.uint8)
-        self.at = start + nbytes
-        return arena[start:start + nbytes]
+        buf = getattr(self.local, "arena", None)
+        if buf is None or buf.numel() < nbytes:
+            if nbytes > SCRATCH_MAX:
+                return torch.empty(nbytes, dtype=torch.uint8)
+            buf = self.local.arena = torch.empty(nbytes, dtype=torch.uint8)
+        return buf[:nbytes]

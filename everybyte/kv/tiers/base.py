@@ -240,8 +240,9 @@ class TierBackend(ABC):
         """get_many's answers as they come in: batches of (index into names, buffer or None),
         each index once. A backend reading one long range yields its first blocks while the rest
         are still on their way, so the loader copies those meanwhile. `scratch(nbytes)`, when
-        given, hands out reusable memory to read into (the caller keeps no view of what this
-        yields once the stream ends)."""
+        given, hands out reusable memory to read into, and then a buffer in a batch may be
+        overwritten once the next batch is asked for: the caller copies (or clones) what it
+        keeps. Without it the buffers are the caller's."""
         yield list(enumerate(self.get_many(names)))
 
     def contains_many(self, names: Iterable[bytes]) -> list[bool]:

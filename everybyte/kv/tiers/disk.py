@@ -18,7 +18,7 @@ import torch
 
 from everybyte.kv.tiers.base import (FRAME, TierBackend, Unit, UnitIndex, as_bytes_view, checksum,
                                      frame_header, io_executor, parallel, unframe)
-from everybyte.kv.tiers.reader import Progress, read_into
+from everybyte.kv.tiers.reader import new_progress, plan, read_into
 
 SUFFIX, PACK_SUFFIX = ".kvb", ".kvp"
 TMP_PREFIX = ".tmp-"
@@ -27,6 +27,7 @@ ENTRY = struct.Struct("<16sQQ")        # name, offset, framed size
 PACK_MAGIC = b"EBP2"
 READ_SIZE = 128 << 10                  # one read call: sequential calls keep the kernel reading ahead
 STREAM_BYTES = 1 << 20                 # frames handed on at a time while the rest of a range is read
+RING_SLOTS = 4                         # pieces of a long range in memory at once
 
 
 class DiskTier(TierBackend):
@@ -180,11 +181,13 @@ class DiskTier(TierBackend):
 
     def _read_frames(self, path: str, off: int, members: list, scratch=None, background: bool = False):
         """Read framed blocks [(i, size)] lying back to back at `off` (size None: a whole file)
-        into a buffer (fresh, or from scratch(nbytes)) with back-to-back sequential reads, and
-        yield [(i, payload view or None, error)] each time STREAM_BYTES more frames are in and
-        checked. In the background, a range over 2 * STREAM_BYTES is read by an I/O thread, so
-        the disk keeps reading while this generator checks frames and its consumer copies them
-        (in line, each read waits for the device: the reads and the copies add up)."""
+        with back-to-back sequential reads, and yield [(i, payload view or None, error)] for each
+        piece of about STREAM_BYTES once its frames are in and checked. In the background, a
+        range over 2 * STREAM_BYTES is read by an I/O thread, so the disk keeps reading while
+        this generator checks frames and its consumer copies them (in line, the reads and the
+        copies add up). Given scratch, a range longer than RING_SLOTS pieces is read through that
+        many piece-sized slots, each reused once the consumer asks for the batch after the one
+        read into it: a load needs a few MiB of buffer whatever its size."""
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
@@ -197,28 +200,30 @@ class DiskTier(TierBackend):
             if members[0][1] is None:
                 members = [(members[0][0], os.fstat(fd).st_size)]
             nbytes = sum(size for _, size in members)
-            dst = scratch(nbytes) if scratch else torch.empty(nbytes, dtype=torch.uint8)
+            background = background and nbytes > 2 * STREAM_BYTES
+            pieces, size = plan(members, off, STREAM_BYTES, RING_SLOTS if background and scratch else 0)
+            dst = scratch(size) if scratch else torch.empty(size, dtype=torch.uint8)
         except BaseException:
             os.close(fd)
             raise
-        mv, progress = memoryview(dst.numpy()), Progress()
-        if background and nbytes > 2 * STREAM_BYTES:
-            io_executor().submit(read_into, fd, off, mv, READ_SIZE, progress)
+        places = [place for *_, place in pieces]
+        mv, progress = memoryview(dst.numpy()), new_progress()
+        if background:
+            io_executor().submit(read_into, fd, mv, places, READ_SIZE, progress)
         else:
-            read_into(fd, off, mv, READ_SIZE, progress)
+            read_into(fd, mv, places, READ_SIZE, progress)
         try:
-            at, k, ready, ready_bytes = 0, 0, [], 0
-            while k < len(members):
-                got, ended, error = progress.wait_for(at + members[k][1])
-                while k < len(members) and (at + members[k][1] <= got or ended):
-                    i, size = members[k]
-                    payload = unframe(mv[at:at + size]) if at + size <= got else None
+            for group, start, length, (_, at, _, _) in pieces:
+                got, ended, error = progress.wait_for(start + length)
+                ready, logical = [], start
+                for i, size in group:
+                    logical += size
+                    payload = unframe(mv[at:at + size]) if logical <= got else None
                     ready.append((i, dst[at + FRAME.size:at + size], None) if payload is not None
                                  else (i, None, error or "corrupt"))
-                    at, k, ready_bytes = at + size, k + 1, ready_bytes + size
-                if ready and (ready_bytes >= STREAM_BYTES or k == len(members)):
-                    yield ready
-                    ready, ready_bytes = [], 0
+                    at += size
+                yield ready
+                progress.release(start + length)
         finally:
             progress.stop()             # a consumer that stops early: nothing more lands in dst
 
@@ -309,3 +314,4 @@ def read_pack_table(path: str) -> dict | None:
     if magic != PACK_MAGIC or len(table) != ENTRY.size * count or checksum(table) != crc:
         return None
     return {n: (o, s) for n, o, s in ENTRY.iter_unpack(table)}
+

@@ -111,18 +111,22 @@ class BlockLoader:
         arrived: list = [None] * len(found)          # (tier, buffer or None) as reads come in
         done = 0                                     # leading blocks loaded
         scratch = _Scratch(self._scratch)            # the buffers never outlive this call
-        for tier, batch in self.tiers.stream(found, job.names[:len(found)], scratch):
-            for i, buf in batch:
-                arrived[i] = (tier, buf)
-            end = done
-            while end < len(found) and arrived[end] is not None:
-                end += 1
-            if end > done and not self._load_run(job, done, arrived[done:end]):
-                return
-            done = end
-            for i, buf in batch:            # waiting for an earlier block: the tier reuses its read buffer
-                if i >= done and isinstance(buf, torch.Tensor):
-                    arrived[i] = (tier, buf.clone())
+        stream = self.tiers.stream(found, job.names[:len(found)], scratch)
+        try:
+            for tier, batch in stream:
+                for i, buf in batch:
+                    arrived[i] = (tier, buf)
+                end = done
+                while end < len(found) and arrived[end] is not None:
+                    end += 1
+                if end > done and not self._load_run(job, done, arrived[done:end]):
+                    return
+                done = end
+                for i, buf in batch:        # waiting for an earlier block: the tier reuses its read buffer
+                    if i >= done and isinstance(buf, torch.Tensor):
+                        arrived[i] = (tier, buf.clone())
+        finally:
+            stream.close()                  # now, not when collected: a disk reader may wait on its ring
 
     def _load_run(self, job: LoadJob, at: int, got: list) -> bool:
         """Check and copy blocks that arrived for job.names[at:]; False when the job's run ends

@@ -314,4 +314,3 @@ def read_pack_table(path: str) -> dict | None:
     if magic != PACK_MAGIC or len(table) != ENTRY.size * count or checksum(table) != crc:
         return None
     return {n: (o, s) for n, o, s in ENTRY.iter_unpack(table)}
-

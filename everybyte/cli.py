@@ -22,6 +22,7 @@ BENCHMARKS = {
     "kv-quality": ("everybyte.bench.kv_quality", "perplexity and speed per KV cache format"),
     "agentic": ("everybyte.bench.agentic", "replay recorded agent sessions against an endpoint or the embedded engine"),
     "memory": ("everybyte.bench.memory", "levers off vs each lever vs all: prefill computed, resumed-turn TTFT, tok/s, G1 ledger"),
+    "disk-reader": ("everybyte.bench.disk_reader", "the disk tier's reader (C and Python) vs a plain sequential read"),
     "compare": ("everybyte.bench.compare", "everybyte's server vs peer servers (bench/peers/) on the same trace"),
 }
 

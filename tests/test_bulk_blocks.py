@@ -82,6 +82,8 @@ def test_check_stops_at_the_first_bad_block_and_names_mismatches():
     bad[-5] ^= 1                                            # payload: only a checksum sees it
     assert codec.check_many([bad], [NAMES[2]])[0] == 1
     assert codec.check_many([bad], [NAMES[2]], verify=True)[0] == 0
+    good, err = codec.check_many([batch[0], batch[1, :100]], NAMES[:2])                # short block
+    assert good == 1 and isinstance(err, CorruptBlock)
     with pytest.raises(FormatMismatch, match="nvfp4, expected fp16"):
         pool_codec(random_pool("fp16")).check(batch[0])
     fewer = KVPool(SHAPES[:-1], "nvfp4", "4MiB", 16)

@@ -13,7 +13,6 @@ import ctypes
 import threading
 import weakref
 
-import numpy as np
 import torch
 
 from everybyte.formats import cpu_kernels
@@ -81,7 +80,6 @@ class PoolCodec:
         self.start = len(self.header)
         self.nbytes = self.start + self.payload
         self._header_t = torch.frombuffer(bytearray(self.header), dtype=torch.uint8)
-        self._header_np = np.frombuffer(self.header, dtype=np.uint8)
         ends = sorted((s.offset, s.offset + s.count * s.chunk) for s in self.segments)
         self.gaps = [(a, b) for (_, a), (b, _) in zip(ends, ends[1:] + [(self.payload, 0)]) if b > a]
 
@@ -148,27 +146,26 @@ class PoolCodec:
         raise FormatMismatch("block's header does not match the pool's")
 
     def check_many(self, bufs: list, names: list[bytes], verify: bool = False) -> tuple[int, Exception | None]:
-        """How many leading blocks fit this pool under their names, and why the next one does not.
-        Blocks at a fixed stride in one buffer are compared against the template in one go."""
+        """How many leading blocks fit this pool under their names, and why the next one does not:
+        each block's header bytes are compared against the template (its payload checksum only
+        with verify)."""
         bufs = [as_uint8_tensor(b) for b in bufs]
         return self._check_pieces(bufs, _pieces(bufs, self.nbytes), names, verify)
 
     def _check_pieces(self, bufs: list[torch.Tensor], pieces, names: list[bytes], verify: bool):
         self._refresh()
-        i = 0
+        h, start, i = self.header, self.start, 0
+        pre, post = h[:CHECKSUM.start], h[NAME.stop:]
         for first, stride, n in pieces:
-            if n > 1 and not verify:       # numpy: a few small compares cost ~10x less than torch ops
-                heads = first.as_strided((n, self.start), (stride, 1), first.storage_offset()).numpy()
-                want = np.frombuffer(b"".join(names[i:i + n]), dtype=np.uint8).reshape(n, 16)
-                h = self._header_np
-                ok = (heads[:, :CHECKSUM.start] == h[:CHECKSUM.start]).all(1) & (heads[:, NAME] == want).all(1) \
-                    & (heads[:, NAME.stop:] == h[NAME.stop:]).all(1)
-                good = n if ok.all() else int(ok.argmin())
-                if good == n:
-                    i += n
-                    continue
-                i += good
-            for j in range(i, i + n):
+            good = 0
+            if not verify:                   # header bytes against the template: ~2 us a block
+                base = first.data_ptr()
+                while good < n and bufs[i + good].numel() == self.nbytes:
+                    head = ctypes.string_at(base + good * stride, start)
+                    if head[:CHECKSUM.start] != pre or head[NAME.stop:] != post or head[NAME] != names[i + good]:
+                        break
+                    good += 1
+            for j in range(i + good, i + n):  # the first that differs (or all, verified): say why
                 try:
                     self.check(bufs[j], names[j], verify)
                 except CorruptBlock as e:

@@ -11,6 +11,7 @@ is False when that fails (a warning says why); callers then use the reference.
 from __future__ import annotations
 
 import ctypes
+import errno
 import hashlib
 import os
 import platform
@@ -284,15 +285,20 @@ class ReadProgress:
     def stop(self) -> None:
         self._lib.progress_stop(self.handle)
 
-    def end(self, got: int = 0, errno: int = 0) -> None:
-        self._lib.progress_end(self.handle, ctypes.c_int64(got), ctypes.c_int(errno))
+    def end(self, got: int = 0, err: int = 0) -> None:
+        self._lib.progress_end(self.handle, ctypes.c_int64(got), ctypes.c_int(err))
 
     def read(self, fd: int, pieces: list[tuple[int, int, int, int]], buf: memoryview, chunk: int) -> None:
-        """Read pieces [(file offset, offset in buf, length, bytes released first)] into buf."""
-        if any(at < 0 or n < 0 or at + n > len(buf) for _, at, n, _ in pieces):
-            raise ValueError("a piece lies outside the buffer")
-        flat = (ctypes.c_int64 * (4 * len(pieces)))(*(x for piece in pieces for x in piece))
-        arr = (ctypes.c_char * len(buf)).from_buffer(buf)
+        """Read pieces [(file offset, offset in buf, length, bytes released first)] into buf; the
+        progress ends however this returns (an error before the reads: EIO)."""
+        try:
+            if any(at < 0 or n < 0 or at + n > len(buf) for _, at, n, _ in pieces):
+                raise ValueError("a piece lies outside the buffer")
+            flat = (ctypes.c_int64 * (4 * len(pieces)))(*(x for piece in pieces for x in piece))
+            arr = (ctypes.c_char * len(buf)).from_buffer(buf)
+        except BaseException:
+            self.end(0, errno.EIO)
+            raise
         self._lib.read_pieces(ctypes.c_int(fd), flat, ctypes.c_int64(len(pieces)), arr, ctypes.c_int64(chunk),
                               self.handle)
 

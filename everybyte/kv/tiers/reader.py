@@ -5,7 +5,6 @@ moment stop() returns). With the C kernels (cpu_kernels.ReadProgress) all of it 
 the GIL; Progress is the pure-Python fallback with the same methods."""
 from __future__ import annotations
 
-import errno
 import os
 import threading
 
@@ -50,6 +49,27 @@ class Progress:
             self._cond.notify_all()
             self._cond.wait_for(lambda: self.ended)
 
+    def read(self, fd: int, pieces: list[tuple[int, int, int, int]], mv: memoryview, chunk: int) -> None:
+        """The reader's side (see read_into), in Python."""
+        got = 0
+        try:
+            for file_off, at, length, free_at in pieces:
+                if free_at and not self.wait_released(free_at):
+                    break
+                done = 0
+                while done < length:
+                    n = os.preadv(fd, [mv[at + done:at + min(length, done + chunk)]], file_off + done)
+                    if n <= 0:
+                        break                       # the file is shorter than its table says
+                    done, got = done + n, got + n
+                    if not self.advance(got):
+                        break
+                if done < length or self.stopping:
+                    break
+            self.advance(got, ended=True)
+        except OSError as e:
+            self.advance(got, ended=True, error=e)
+
 
 def plan(frames: list[tuple[int, int]], off: int, piece_bytes: int, slots: int = 0) -> tuple[list, int]:
     """Group frames [(i, size)] lying back to back at file offset `off` into pieces of at most
@@ -83,34 +103,6 @@ def read_into(fd: int, mv: memoryview, pieces: list[tuple[int, int, int, int]], 
     piece once progress.released reaches its last number (the part of mv it lands in is free
     again), with back-to-back reads of read_size; ends the progress and closes fd."""
     try:
-        if isinstance(progress, cpu_kernels.ReadProgress):
-            try:
-                progress.read(fd, pieces, mv, read_size)
-            except BaseException:
-                progress.end(0, errno.EIO)
-                raise
-            return
-        _read_python(fd, mv, pieces, read_size, progress)
+        progress.read(fd, pieces, mv, read_size)
     finally:
         os.close(fd)
-
-
-def _read_python(fd: int, mv: memoryview, pieces: list, read_size: int, progress: Progress) -> None:
-    got = 0
-    try:
-        for file_off, at, length, free_at in pieces:
-            if free_at and not progress.wait_released(free_at):
-                break
-            done = 0
-            while done < length:
-                n = os.preadv(fd, [mv[at + done:at + min(length, done + read_size)]], file_off + done)
-                if n <= 0:
-                    break                       # the file is shorter than its table says
-                done, got = done + n, got + n
-                if not progress.advance(got):
-                    break
-            if done < length or progress.stopping:
-                break
-        progress.advance(got, ended=True)
-    except OSError as e:
-        progress.advance(got, ended=True, error=e)

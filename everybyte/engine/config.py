@@ -8,6 +8,7 @@ import torch
 
 from everybyte.formats.kv_layout import KV_CACHE_DTYPES
 from everybyte.kv.pool import parse_size
+from everybyte.models.loader import WEIGHTS_DTYPES
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -53,6 +54,7 @@ class EngineConfig:
     kv_cache_dtype: str = "nvfp4"
     kv_cache_bytes: int | str = "64MiB"
     dtype: torch.dtype | str | None = None
+    weights_dtype: str = "auto"            # auto | nvfp4 | bf16 | fp32 (models.loader.load_model)
     block_size: int = 16
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
@@ -71,6 +73,10 @@ class EngineConfig:
             raise ValueError(f"unknown kv_cache_dtype {self.kv_cache_dtype!r}; choose one of "
                              f"{', '.join(KV_CACHE_DTYPES)}")
         self.kv_cache_bytes = parse_size(self.kv_cache_bytes)
+        if self.weights_dtype not in WEIGHTS_DTYPES:
+            raise ValueError(f"unknown weights_dtype {self.weights_dtype!r}; choose one of {', '.join(WEIGHTS_DTYPES)}")
+        if self.weights_dtype in ("bf16", "fp32") and self.dtype in (None, "auto"):
+            self.dtype = self.weights_dtype        # float weights compute in their own dtype
         self.dtype = resolve_dtype(self.dtype, self.device)
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:

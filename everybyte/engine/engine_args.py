@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from everybyte.formats.kv_layout import KV_CACHE_DTYPES
+from everybyte.models.loader import WEIGHTS_DTYPES
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -13,6 +14,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--kv-cache-dtype", default="nvfp4", choices=KV_CACHE_DTYPES)
     g.add_argument("--kv-cache", default="64MiB", help="KV cache budget, e.g. 64MiB, 1GiB")
     g.add_argument("--dtype", default="auto", help="compute dtype: auto, float32, bfloat16, float16")
+    g.add_argument("--weights-dtype", default="auto", choices=WEIGHTS_DTYPES,
+                   help="weights in memory: auto (what the checkpoint holds; NVFP4 for a 4-bit GGUF), nvfp4 "
+                        "(quantize at load), bf16 or fp32")
     g.add_argument("--block-size", type=int, default=16)
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--max-num-seqs", type=int, default=64)
@@ -31,7 +35,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
     return {"kv_cache_dtype": args.kv_cache_dtype, "kv_cache_bytes": args.kv_cache,
-            "dtype": args.dtype, "block_size": args.block_size, "max_model_len": args.max_model_len,
+            "dtype": args.dtype, "weights_dtype": args.weights_dtype, "block_size": args.block_size, "max_model_len": args.max_model_len,
             "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
             "device": args.device, "kv_tiers": args.kv_tiers,
             "enable_prefix_caching": not args.no_prefix_caching, "offload_on_park": not args.no_offload_on_park,

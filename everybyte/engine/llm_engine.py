@@ -24,6 +24,7 @@ from everybyte.kv.tier_config import build_tiers
 from everybyte.kv.tier_movement import TierSet
 from everybyte.kv.pool import KVPool, format_size, kv_bytes_per_token, min_pool_bytes
 from everybyte.models.loader import LoadedModel, load_model
+from everybyte.models.nvfp4_linear import weight_bytes
 
 _AMAX_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 SCALED_FORMATS = ("fp8", "nvfp4")
@@ -43,7 +44,8 @@ class LLMEngine:
         cfg = self.config = EngineConfig(**kwargs)
         set_threads()
         loaded = model if isinstance(model, LoadedModel) else load_model(model, dtype=cfg.dtype,
-                                                                         device=cfg.device)
+                                                                         device=cfg.device,
+                                                                         weights_dtype=cfg.weights_dtype)
         self.loaded, self.model_config, self.tokenizer = loaded, loaded.config, loaded.tokenizer
         mc = loaded.config
         self.max_model_len = cfg.max_model_len or mc.max_position_embeddings
@@ -59,7 +61,7 @@ class LLMEngine:
                            cfg.device)
         if cfg.kv_cache_dtype in SCALED_FORMATS:
             self.pool.set_scales_from_amax(*self._kv_amax(loaded), headroom=cfg.kv_scale_headroom)
-        self.weights_bytes = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
+        self.weights_bytes = weight_bytes(loaded.model)
         self.model_runner = ModelRunner(loaded.model, self.pool, Sampler(cfg.seed), cfg.kv_exact_tail)
         self.block_manager = self._block_manager(mc)
         self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens,
@@ -72,7 +74,9 @@ class LLMEngine:
         cfg = self.config
         if not cfg.enable_prefix_caching:
             return BlockManager(self.pool.num_blocks, cfg.block_size)
-        ns = KVNamespace.for_pool(self.pool, mc.model_id, mc.revision)
+        # KV bytes also depend on the weights as computed with: their format and the compute dtype
+        revision = f"{mc.revision}|weights={self.loaded.weights_format}|dtype={str(self.config.dtype)}"
+        ns = KVNamespace.for_pool(self.pool, mc.model_id, revision)
         tiers = TierSet(build_tiers(cfg.kv_tiers or "none", pin_memory=str(cfg.device).startswith("cuda")))
         tail = self.model_runner.exact_tail          # reuse restarts where its exact span starts
         return KVMemoryManager(self.pool, ns, tiers, offload_on_park=cfg.offload_on_park,

@@ -3,25 +3,20 @@
 The eager torch reference (nvfp4_blocks) makes a dozen passes over memory; these kernels
 (source in nvfp4_c) do each block of 16 in registers with the same IEEE float32 steps (no FMA
 contraction, no fast-math; E4M3 and E2M1 rounding on the bit patterns, nearest, ties to even),
-so their bytes are the reference's (tests/test_nvfp4.py checks it). Built with the system C
-compiler (cc/gcc, OpenMP if it works, -march=native) into $EVERYBYTE_HOME/kernels (default
-~/.cache/everybyte/kernels), keyed by a hash of source, flags, compiler and CPU. `available()`
+so their bytes are the reference's (tests/test_nvfp4.py checks it). Built by the native loader
+(everybyte/native/loader.py: system compiler, -march=native, OpenMP if it works, cached). `available()`
 is False when that fails (a warning says why); callers then use the reference.
 """
 from __future__ import annotations
 
 import ctypes
 import errno
-import hashlib
 import os
-import platform
-import shutil
-import subprocess
-import tempfile
 import warnings
-from pathlib import Path
 
 import torch
+
+from everybyte.native import loader
 
 from everybyte.formats.nvfp4_c import SOURCE as _NVFP4
 from everybyte.formats.block_copy_c import COPY_SOURCE
@@ -30,45 +25,11 @@ from everybyte.formats.nvfp4_kv_c import KV_SOURCE
 
 SOURCE = _NVFP4 + KV_SOURCE + LAYER_SOURCE + COPY_SOURCE
 
+FLAGS = loader.FLAGS                # tests swap in other -march targets
 PARALLEL_MIN_BLOCKS = 1 << 14      # below this (256K values) one thread: no OpenMP wake-up latency
-FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC"]
 _lib: ctypes.CDLL | None = None
 _error: str | None = None
 _e4m3: torch.Tensor | None = None
-
-
-def _cache_dir() -> Path:
-    home = Path(os.environ.get("EVERYBYTE_HOME") or "~/.cache/everybyte").expanduser() / "kernels"
-    try:
-        home.mkdir(parents=True, exist_ok=True)
-        if os.access(home, os.W_OK):
-            return home
-    except OSError:
-        pass
-    return Path(tempfile.gettempdir()) / f"everybyte-kernels-{os.getuid()}"
-
-
-def _cpu_id() -> str:
-    """-march=native binaries are only valid on this kind of CPU: key the cache by its flags."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line for line in f if line.startswith(("flags", "Features"))), platform.processor())
-    except OSError:
-        return platform.machine() + platform.processor()
-
-
-def _build(cc: str, openmp: bool) -> Path:
-    flags = FLAGS + (["-fopenmp"] if openmp else [])
-    key = hashlib.sha256("\0".join([SOURCE, cc, *flags, _cpu_id()]).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"nvfp4_{key}.so"
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            src, lib = Path(tmp) / "nvfp4.c", Path(tmp) / "nvfp4.so"
-            src.write_text(SOURCE)
-            subprocess.run([cc, *flags, "-o", str(lib), str(src)], check=True, capture_output=True, timeout=120)
-            os.replace(lib, target)
-    return target
 
 
 def _load() -> ctypes.CDLL | None:
@@ -76,13 +37,7 @@ def _load() -> ctypes.CDLL | None:
     if _lib is not None or _error is not None:
         return _lib
     try:
-        cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-        if not cc:
-            raise RuntimeError("no C compiler (cc/gcc) on PATH")
-        try:
-            lib = ctypes.CDLL(str(_build(cc, openmp=True)))
-        except (subprocess.CalledProcessError, OSError):
-            lib = ctypes.CDLL(str(_build(cc, openmp=False)))
+        lib = loader.load("nvfp4", SOURCE, flags=FLAGS)
         for name in ("init_tables", "quantize_f32", "quantize_bf16", "dequantize_f32", "dequantize_bf16",
                      "kv_write", "kv_gather", "add_rmsnorm_f32", "rope_f32", "copy_chunks"):
             getattr(lib, name).restype = None

@@ -11,6 +11,7 @@ from everybyte.formats import cpu_kernels
 from everybyte.models import gemm
 from everybyte.models.attention import AttentionMetadata, LayerKVCache, paged_attention
 from everybyte.models.config import ModelConfig
+from everybyte.models.nvfp4_linear import SUFFIXES, PackedModule
 from everybyte.models.rope import RotaryEmbedding
 
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
@@ -38,6 +39,10 @@ class Embedding(nn.Module):
 
     def forward(self, ids):
         return F.embedding(ids, self.weight)
+
+    def logits(self, h):
+        """As a tied LM head."""
+        return gemm.linear(h, self.weight)
 
 
 class RMSNorm(nn.Module):
@@ -146,8 +151,7 @@ class CausalLM(nn.Module):
         super().__init__()
         self.config, self.dtype = config, dtype
         self.model = Model(config, dtype)
-        self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings,
-                                      config.rope_theta, config.rope_scaling)
+        self.rotary = self.make_rotary(config)
         self.lm_head = None if config.tie_word_embeddings else Linear(
             config.hidden_size, config.vocab_size, False, dtype)
 
@@ -161,13 +165,30 @@ class CausalLM(nn.Module):
         h, _ = self.model.norm(h, residual)
         return h
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return gemm.linear(hidden, weight).float()
+    @staticmethod
+    def make_rotary(config: ModelConfig) -> RotaryEmbedding:
+        return RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta,
+                               config.rope_scaling)
 
-    def _weight_table(self) -> dict[str, tuple[nn.Parameter, int, int]]:
-        """HF name -> (parameter, row offset, rows) for every weight the model needs."""
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        head = self.model.embed_tokens.logits if self.lm_head is None else self.lm_head
+        return head(hidden).float()
+
+    def linear_parts(self, name: str) -> list[tuple[str, int]]:
+        """(HF name, rows) of each matrix module `name` holds: q/k/v for qkv_proj, gate/up for gate_up_proj."""
+        prefix, _, leaf = name.rpartition(".")
+        if leaf in FUSED:
+            return [(f"{prefix}.{part}", rows) for part, rows in
+                    zip(FUSED[leaf], self.get_submodule(prefix).shard_sizes())]
+        return [(name, self.get_submodule(name).weight.shape[0])]
+
+    def _weight_table(self) -> dict[str, tuple]:
+        """HF name -> (parameter, row offset, rows) for every float weight the model needs, and
+        HF matrix name -> (NVFP4 module, part index) for the packed ones."""
         table = {}
+        for name, mod in self.named_modules():
+            if isinstance(mod, PackedModule):
+                table.update({part: (mod, i) for i, part in enumerate(mod.part_names)})
         for name, param in self.named_parameters():
             prefix, _, fused = name.rpartition(".")[0].rpartition(".")
             if fused not in FUSED:
@@ -183,9 +204,14 @@ class CausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         table, loaded, unknown = self._weight_table(), set(), []
         for name, tensor in weights:
+            matrix, _, suffix = name.rpartition(".")
+            if suffix in SUFFIXES and isinstance(table.get(matrix, (None,))[0], PackedModule):
+                module, part = table[matrix]
+                module.accept(part, suffix, tensor, name)
+                continue
             entry = table.get(name)
             if entry is None:
-                if not (name.endswith("rotary_emb.inv_freq")
+                if not (name.endswith(("rotary_emb.inv_freq", ".k_scale", ".v_scale"))
                         or (name == "lm_head.weight" and self.lm_head is None)):
                     unknown.append(name)
                 continue
@@ -195,7 +221,9 @@ class CausalLM(nn.Module):
                 raise ValueError(f"weight {name}: shape {tuple(tensor.shape)}, expected {tuple(dst.shape)}")
             dst.copy_(tensor)
             loaded.add(name)
-        missing = sorted(set(table) - loaded)
+        packed = {id(e[0]): e[0] for e in table.values() if isinstance(e[0], PackedModule)}
+        missing = sorted(n for n, e in table.items() if not isinstance(e[0], PackedModule) and n not in loaded)
+        missing += [n for m in packed.values() for n in m.finish()]
         if unknown or missing:
             raise ValueError(f"weights do not match the {self.config.architecture} model: "
                              f"unknown {unknown[:20]}{'...' if len(unknown) > 20 else ''}, "

@@ -14,8 +14,11 @@ from everybyte.models.gguf_file import GGUFFile
 from everybyte.models.gguf_loader import config_from_gguf, iter_gguf_weights
 from everybyte.models.hf_loader import config_from_hf, iter_hf_weights
 from everybyte.models.llama import CausalLM
+from everybyte.models.modelopt import QuantConfig, dequantized_weights, read_quant_config
+from everybyte.models.nvfp4_linear import replace_modules
 from everybyte.models.tokenizer import Tokenizer
 
+WEIGHTS_DTYPES = ("auto", "nvfp4", "bf16", "fp32")
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
 
@@ -27,6 +30,9 @@ class LoadedModel:
     tokenizer: Tokenizer
     path: str
     load_seconds: float = field(default=0.0, compare=False)
+    weights_format: str = "float"                  # "nvfp4" when matrices are packed
+    quant: QuantConfig | None = None               # what the checkpoint holds
+    packed_modules: list[str] = field(default_factory=list)
 
 
 def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
@@ -72,17 +78,40 @@ def load_config_and_tokenizer(path: Path) -> tuple[ModelConfig, Tokenizer, objec
 
 
 def load_model(model: str | os.PathLike | None = None, dtype: torch.dtype | str = torch.float32,
-               device: str | torch.device = "cpu") -> LoadedModel:
+               device: str | torch.device = "cpu", weights_dtype: str = "auto",
+               exclude: tuple[str, ...] | None = None) -> LoadedModel:
+    """weights_dtype: "auto" keeps what the checkpoint holds (NVFP4 stays packed), "nvfp4" packs
+    every linear layer and the embedding (quantizing float ones at load, HF names matching an
+    `exclude` pattern stay float), "bf16"/"fp32" computes with float weights (dequantized when
+    the checkpoint is NVFP4) in `dtype`."""
     start = time.perf_counter()
+    if weights_dtype not in WEIGHTS_DTYPES:
+        raise ValueError(f"unsupported weights_dtype {weights_dtype!r}; supported: {', '.join(WEIGHTS_DTYPES)}")
     dtype = resolve_dtype(dtype)
     path = resolve_model_path(model)
     config, tokenizer, source = load_config_and_tokenizer(path)
+    quant = None
     if isinstance(source, GGUFFile):
         weights = iter_gguf_weights(source, config, device=device)
     else:
+        quant = read_quant_config(source)
         weights = iter_hf_weights(source, config)
-    with torch.device(device):
-        lm = CausalLM(config, dtype)
+    packed = weights_dtype == "nvfp4" or (weights_dtype == "auto" and quant is not None)
+    if quant is not None and not packed:
+        weights = dequantized_weights(weights)
+    swapped = []
+    if packed:
+        if exclude is None:
+            exclude = tuple(quant.exclude_modules) if quant is not None and weights_dtype == "auto" else ()
+        with torch.device("meta"):
+            lm = CausalLM(config, dtype)
+        swapped = replace_modules(lm, lm.linear_parts, exclude)
+        lm.to_empty(device=device)
+        lm.rotary = CausalLM.make_rotary(config).to(device)
+    else:
+        with torch.device(device):
+            lm = CausalLM(config, dtype)
     lm.load_weights(weights)
     lm.eval()
-    return LoadedModel(config, lm, tokenizer, str(path), time.perf_counter() - start)
+    return LoadedModel(config, lm, tokenizer, str(path), time.perf_counter() - start,
+                       "nvfp4" if packed else "float", quant, swapped)

@@ -1,0 +1,1 @@
+"""C sources (csrc/*.c, shipped as package data) and the one loader that builds them."""

@@ -1,4 +1,4 @@
-"""One entry point: everybyte generate|serve|convert|bench|sim ...
+"""One entry point: everybyte generate|serve|convert|quantize|bench|sim ...
 
 Each subcommand lives in its own module with a `main(argv) -> int`; this file only
 dispatches, so importing the CLI stays cheap and layers stay apart.
@@ -12,6 +12,7 @@ COMMANDS = {
     "generate": ("everybyte.engine.generate_cli", "generate text with the engine, streaming to stdout"),
     "serve": ("everybyte.serve.cli", "start the OpenAI-compatible HTTP server"),
     "convert": ("everybyte.models.convert_cli", "write a model as a Hugging Face directory: [MODEL] --to hf DIR"),
+    "quantize": ("everybyte.engine.quantize_cli", "write an NVFP4 (ModelOpt) checkpoint: [MODEL] --to nvfp4 DIR"),
     "bench": (None, "run a benchmark: everybyte bench NAME [--json PATH] (see `everybyte bench --help`)"),
 }
 

@@ -18,6 +18,7 @@ from everybyte.models.config import ModelConfig
 from everybyte.models.gguf_file import GGUFFile
 from everybyte.models.gguf_loader import iter_gguf_weights
 from everybyte.models.hf_loader import ARCHITECTURES, INDEX_FILE, iter_hf_weights
+from everybyte.models.modelopt import QUANT_FILE, QuantConfig, config_json_entry, hf_quant_json
 from everybyte.models.loader import load_config_and_tokenizer, resolve_dtype, resolve_model_path
 from everybyte.models.tokenizer import Tokenizer
 
@@ -25,11 +26,15 @@ FORMATS = ("hf",)
 DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 HF_ARCHITECTURES = {arch: name for name, arch in ARCHITECTURES.items()}
 SHARD_BYTES = 4 << 30
+SCALE_SUFFIXES = (".weight_scale_2", ".input_scale", ".k_scale", ".v_scale")   # float32 in quantized checkpoints
 
 
 def export_hf(model: str | os.PathLike | None, out_dir: str | os.PathLike, dtype: torch.dtype | str = "bf16",
-              force: bool = False, shard_bytes: int = SHARD_BYTES) -> Path:
-    """Convert `model` (None: the default model) into the HF directory `out_dir`; returns it."""
+              force: bool = False, shard_bytes: int = SHARD_BYTES, quant: QuantConfig | None = None,
+              transform=None) -> Path:
+    """Convert `model` (None: the default model) into the HF directory `out_dir`; returns it.
+    quant + transform: a quantized checkpoint (transform maps the float (name, tensor) stream
+    to the stored one; quant is written to hf_quant_config.json and config.json)."""
     dtype = resolve_dtype(dtype)
     if dtype not in DTYPE_NAMES:
         raise ValueError(f"unsupported dtype {dtype}; supported: fp32, fp16, bf16")
@@ -40,11 +45,17 @@ def export_hf(model: str | os.PathLike | None, out_dir: str | os.PathLike, dtype
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        _write_json(tmp / "config.json", hf_config(config, dtype))
+        cfg = hf_config(config, dtype)
+        if quant is not None:
+            cfg["quantization_config"] = config_json_entry(quant)
+            _write_json(tmp / QUANT_FILE, hf_quant_json(quant))
+        _write_json(tmp / "config.json", cfg)
         _write_json(tmp / "generation_config.json", generation_config(config))
         write_tokenizer(tokenizer, config, tmp)
         weights = (iter_gguf_weights(source, config) if isinstance(source, GGUFFile)
                    else iter_hf_weights(source, config))
+        if transform is not None:
+            weights = transform(weights)
         write_weights(weights, tmp, dtype, config.tie_word_embeddings, shard_bytes)
         _default_modes(tmp)
         if out.exists():
@@ -99,7 +110,8 @@ def write_weights(weights, out: Path, dtype: torch.dtype, tied: bool, shard_byte
     for name, w in weights:
         if tied and name == "lm_head.weight":
             continue
-        w = w.to(dtype).contiguous()
+        keep = w.dtype not in DTYPE_NAMES or name.endswith(SCALE_SUFFIXES)    # NVFP4 tensors and scales as they are
+        w = (w if keep else w.to(dtype)).contiguous()
         if current and size + w.nbytes > shard_bytes:
             shards.append(_save_shard(current, out, len(shards)))
             current, size = {}, 0

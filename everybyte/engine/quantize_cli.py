@@ -1,0 +1,90 @@
+"""`everybyte quantize [MODEL] --to nvfp4 DIR`: write a ModelOpt-format NVFP4 checkpoint.
+
+Every linear layer and the embedding (the tied LM head) become NVFP4 tensors (see
+formats/nvfp4_weights for the block-scale search); norms and biases stay in --dtype; names
+matching --exclude stay in --dtype too (`--exclude model.embed_tokens,lm_head` gives the
+checkpoint engines expect that never quantize embeddings, e.g. vLLM's ModelOpt loader). One
+calibration pass over a fixed text measures each linear layer's input amax (`input_scale`) and
+each layer's K/V amax, the same pass the engine runs for its KV scales.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+PROG = "everybyte quantize"
+FORMATS = ("nvfp4",)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0].split(": ", 1)[1])
+    p.add_argument("model", nargs="?", default=None,
+                   help="a GGUF file or Hugging Face directory (default: the embedded default model)")
+    p.add_argument("--to", nargs=2, required=True, metavar=("FORMAT", "DIR"),
+                   help=f"output format ({', '.join(FORMATS)}) and directory")
+    p.add_argument("--exclude", default="", help="comma-separated HF module names/patterns kept unquantized")
+    p.add_argument("--dtype", default="bf16", choices=("fp32", "fp16", "bf16"), help="dtype of unquantized tensors")
+    p.add_argument("--force", action="store_true", help="replace DIR when it exists and is not empty")
+    return p
+
+
+def calibrate(loaded) -> tuple[dict[str, float], tuple[list[float], list[float]]]:
+    """(HF matrix name -> its input's amax, per-layer (K amax, V amax)) from one calibration pass."""
+    import torch
+    from everybyte.engine.model_runner import CALIBRATION_TEXT, calibrate_kv_amax
+    from everybyte.models.llama import Linear
+    lm, amax, hooks = loaded.model, {}, []
+    for name, mod in lm.named_modules():
+        if isinstance(mod, Linear):
+            def hook(_, args, parts=lm.linear_parts(name)):
+                a = float(args[0].detach().abs().max())
+                for part, _ in parts:
+                    amax[part] = max(amax.get(part, 0.0), a)
+            hooks.append(mod.register_forward_pre_hook(hook))
+    mc = loaded.config
+    try:
+        with torch.inference_mode():
+            kv = calibrate_kv_amax(lm, [(mc.num_key_value_heads, mc.head_dim)] * mc.num_hidden_layers,
+                                   loaded.tokenizer.encode(CALIBRATION_TEXT))
+    finally:
+        for h in hooks:
+            h.remove()
+    return amax, kv
+
+
+def quantize_checkpoint(model, out: str | Path, exclude: tuple[str, ...] = (), dtype: str = "bf16",
+                        force: bool = False) -> Path:
+    from everybyte.models.hf_export import export_hf
+    from everybyte.models.loader import load_model
+    from everybyte.models.modelopt import QuantConfig, quantize_weights
+    from everybyte.models.nvfp4_linear import matches
+    out = Path(out).expanduser()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        raise FileExistsError(f"{out} exists and is not empty; pass --force to replace it")
+    from everybyte.models.llama import Embedding, Linear
+    loaded = load_model(model, dtype="fp32")
+    input_amax, _ = calibrate(loaded)
+    lm = loaded.model
+    matrices = {part for name, mod in lm.named_modules() if isinstance(mod, (Linear, Embedding))
+                for part, _ in lm.linear_parts(name)}
+    del loaded, lm
+    quantized = lambda matrix: matrix in matrices and not matches(matrix, exclude)
+    return export_hf(model, out, dtype=dtype, force=force, quant=QuantConfig(exclude_modules=list(exclude)),
+                     transform=lambda weights: quantize_weights(weights, quantized, input_amax))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    fmt, out = args.to
+    if fmt not in FORMATS:
+        print(f"{PROG}: error: unknown --to format {fmt!r}; choose from {', '.join(FORMATS)}", file=sys.stderr)
+        return 2
+    exclude = tuple(p.strip() for p in args.exclude.split(",") if p.strip())
+    try:
+        path = quantize_checkpoint(args.model, out, exclude, args.dtype, args.force)
+    except (OSError, ValueError) as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0

@@ -46,7 +46,7 @@ def calibrate(loaded) -> tuple[dict[str, float], tuple[list[float], list[float]]
     try:
         with torch.inference_mode():
             kv = calibrate_kv_amax(lm, [(mc.num_key_value_heads, mc.head_dim)] * mc.num_hidden_layers,
-                                   loaded.tokenizer.encode(CALIBRATION_TEXT))
+                                   loaded.tokenizer.encode(CALIBRATION_TEXT)[:mc.max_position_embeddings])
     finally:
         for h in hooks:
             h.remove()

@@ -80,11 +80,11 @@ class LLMEngine:
                                restart_blocks=tail.span // tail.block_size if tail else 1)
 
     def _kv_amax(self, loaded: LoadedModel):
-        """Deterministic per-layer K/V amax of this model (see calibrate_kv_amax); cached per model."""
+        """Deterministic per-layer K/V amax of this model (see calibrate_kv_amax: its tokens and
+        block size depend on the model only, not on max_model_len or block_size); cached per model."""
         if loaded.model not in _AMAX_CACHE:
-            ids = self.tokenizer.encode(CALIBRATION_TEXT)[:self.max_model_len]
-            _AMAX_CACHE[loaded.model] = calibrate_kv_amax(loaded.model, self.layer_shapes, ids,
-                                                         self.config.block_size)
+            ids = self.tokenizer.encode(CALIBRATION_TEXT)[:loaded.config.max_position_embeddings]
+            _AMAX_CACHE[loaded.model] = calibrate_kv_amax(loaded.model, self.layer_shapes, ids)
         return _AMAX_CACHE[loaded.model]
 
     # ---- requests -------------------------------------------------------------------------

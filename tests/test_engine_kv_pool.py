@@ -53,3 +53,12 @@ def test_scales_from_amax():
     f = KVPool(SMOL, "fp8", "4MiB")
     f.set_scales_from_amax([448.0] * 30, [1.0] * 30, headroom=2.0)
     assert f.k_scales[0] == 1024 / 448 and f.v_scales[0] == 2.0 / 448
+
+
+def test_power_of_two_grid_is_exact_and_checkpoint_scales_skip_it():
+    from everybyte.kv.pool import pow2_ceil
+    assert [pow2_ceil(x) for x in (32.0, 32.000000000000004, 31.999999999999996, 0.75, 2.0**-1074)] == \
+        [32.0, 64.0, 32.0, 1.0, 2.0**-1074]
+    p = KVPool(SMOL, "fp8", "4MiB")
+    p.set_scales_from_amax([10.0] * 30, [3.5] * 30, headroom=2.0, grid=False)   # as given: no headroom, no grid
+    assert p.k_scales == [10.0 / 448] * 30 and p.v_scales == [3.5 / 448] * 30

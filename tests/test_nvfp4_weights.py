@@ -133,7 +133,7 @@ def test_checkpoint_files_follow_modelopt(checkpoint):
     cfg = json.loads((checkpoint / "config.json").read_text())
     assert cfg["quantization_config"]["quant_algo"] == "NVFP4" and cfg["quantization_config"]["group_size"] == 16
     hq = json.loads((checkpoint / "hf_quant_config.json").read_text())["quantization"]
-    assert hq["quant_algo"] == "NVFP4"
+    assert hq["quant_algo"] == "NVFP4" and hq["kv_cache_quant_algo"] == "NVFP4"
     assert (checkpoint / "tokenizer.json").is_file()
     assert "chat_template" in json.loads((checkpoint / "tokenizer_config.json").read_text())
     t = load_file(checkpoint / "model.safetensors")
@@ -145,6 +145,8 @@ def test_checkpoint_files_follow_modelopt(checkpoint):
     for other in ("k_proj", "v_proj"):        # q/k/v share a tensor scale (vLLM fuses them)
         assert t[f"model.layers.3.self_attn.{other}.weight_scale_2"].item() == t[f"{name}.weight_scale_2"].item()
     assert t["model.layers.3.input_layernorm.weight"].dtype == torch.bfloat16
+    k_scale = t["model.layers.3.self_attn.k_proj.k_scale"]
+    assert k_scale.dtype == torch.float32 and k_scale.dim() == 0 and k_scale.item() > 0
 
 
 def _maps_file(ptr: int, file) -> bool:
@@ -164,6 +166,9 @@ def test_checkpoint_loads_packed_and_memory_mapped(checkpoint):
     assert _maps_file(part.data.data_ptr(), (checkpoint / "model.safetensors").resolve())
     p = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     kw = dict(dtype="fp32", kv_cache_dtype="fp16", kv_cache_bytes="16MiB", max_model_len=256, kv_tiers="none")
+    llm = LLM(loaded, **{**kw, "kv_cache_dtype": "nvfp4"})         # the checkpoint's own KV scales
+    k_scale = load_file(checkpoint / "model.safetensors")["model.layers.2.self_attn.k_proj.k_scale"].item()
+    assert llm.pool.k_scales[2] == pytest.approx(k_scale)
     packed_tokens = LLM(loaded, **kw).generate(["Once upon a time"], p)[0].token_ids
     float_tokens = LLM(checkpoint, weights_dtype="fp32", **kw).generate(["Once upon a time"], p)[0].token_ids
     assert packed_tokens == float_tokens

@@ -23,6 +23,7 @@ from everybyte.kv.memory_manager import KVMemoryManager
 from everybyte.kv.tier_config import build_tiers
 from everybyte.kv.tier_movement import TierSet
 from everybyte.kv.pool import KVPool, format_size, kv_bytes_per_token, min_pool_bytes
+from everybyte.models.kv_scales import read_kv_scales
 from everybyte.models.loader import LoadedModel, load_model
 from everybyte.models.nvfp4_linear import weight_bytes
 
@@ -60,7 +61,8 @@ class LLMEngine:
         self.pool = KVPool(self.layer_shapes, cfg.kv_cache_dtype, cfg.kv_cache_bytes, cfg.block_size,
                            cfg.device)
         if cfg.kv_cache_dtype in SCALED_FORMATS:
-            self.pool.set_scales_from_amax(*self._kv_amax(loaded), headroom=cfg.kv_scale_headroom)
+            k_amax, v_amax, grid = self._kv_amax(loaded)
+            self.pool.set_scales_from_amax(k_amax, v_amax, headroom=cfg.kv_scale_headroom, grid=grid)
         self.weights_bytes = weight_bytes(loaded.model)
         self.model_runner = ModelRunner(loaded.model, self.pool, Sampler(cfg.seed), cfg.kv_exact_tail)
         self.block_manager = self._block_manager(mc)
@@ -83,13 +85,16 @@ class LLMEngine:
                                load_timeout_s=cfg.kv_load_timeout_s,
                                restart_blocks=tail.span // tail.block_size if tail else 1)
 
-    def _kv_amax(self, loaded: LoadedModel):
-        """Deterministic per-layer K/V amax of this model (see calibrate_kv_amax); cached per model."""
+    def _kv_amax(self, loaded: LoadedModel) -> tuple[list[float], list[float], bool]:
+        """Per-layer K/V amax, and whether they go on the power-of-two grid: the checkpoint's own
+        k_scale/v_scale when it has them (used as they are), else the deterministic calibration
+        (see calibrate_kv_amax; its tokens and block size depend on the model only), cached per model."""
+        if (ckpt := read_kv_scales(loaded.path, loaded.config)) is not None:
+            return [k for k, _ in ckpt], [v for _, v in ckpt], False
         if loaded.model not in _AMAX_CACHE:
-            ids = self.tokenizer.encode(CALIBRATION_TEXT)[:self.max_model_len]
-            _AMAX_CACHE[loaded.model] = calibrate_kv_amax(loaded.model, self.layer_shapes, ids,
-                                                         self.config.block_size)
-        return _AMAX_CACHE[loaded.model]
+            ids = self.tokenizer.encode(CALIBRATION_TEXT)[:loaded.config.max_position_embeddings]
+            _AMAX_CACHE[loaded.model] = calibrate_kv_amax(loaded.model, self.layer_shapes, ids)
+        return (*_AMAX_CACHE[loaded.model], True)
 
     # ---- requests -------------------------------------------------------------------------
     def make_sequence(self, prompt: str | list[int], params: SamplingParams | None = None,

@@ -1,6 +1,8 @@
 """Turns a scheduled batch into one forward over the paged KV pool, then samples."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from everybyte.engine.exact_tail import ExactTail
@@ -22,27 +24,49 @@ CALIBRATION_TEXT = (
 )
 
 
+CALIBRATION_BLOCK_SIZE = 16
+
+
+@contextmanager
+def one_thread():
+    """torch (and so oneDNN, MKL and our C kernels) on one CPU thread, restored afterwards."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
 def calibrate_kv_amax(model, layer_shapes: list[tuple[int, int]], token_ids: list[int],
-                      block_size: int = 16) -> tuple[list[float], list[float]]:
+                      block_size: int = CALIBRATION_BLOCK_SIZE) -> tuple[list[float], list[float]]:
     """Per-layer K and V absolute maxima from one fp32-KV forward pass over fixed tokens.
 
     Why this way: the fp8/nvfp4 per-layer FP32 scales must be fixed before any request runs
     (every block of a layer shares one scale, and blocks are named by their bytes, so the same
     model must always produce the same scales). A calibration pass over a fixed, ordinary text
-    with an exact fp32 cache is deterministic, costs one short prefill at startup, needs no
-    data outside the model, and measures the activations the format must actually cover (K
-    after RoPE and norms, V as stored). The caller adds headroom for inputs that go beyond
-    this text; values past it saturate rather than overflow.
+    with an exact fp32 cache costs one short prefill at startup, needs no data outside the model,
+    and measures the activations the format must actually cover (K after RoPE and norms, V as
+    stored). The caller adds headroom for inputs that go beyond this text; values past it
+    saturate rather than overflow.
+
+    Deterministic: the pass runs on one CPU thread, so no GEMM, attention or C kernel splits its
+    sums by the thread count (or by how many threads a loaded machine lets it have), and its
+    input (tokens, one sequence, block size) depends on nothing the engine is configured with.
+    The same model on the same kind of machine and library build gives bit-identical maxima in
+    every process; KVPool.set_scales_from_amax's power-of-two grid then absorbs the ~1e-6
+    relative differences left between CPUs or GEMM libraries (README: KV cache formats).
     """
     n = len(token_ids)
-    pool = KVPool(layer_shapes, "fp32", min_pool_bytes(layer_shapes, "fp32", n, block_size), block_size)
-    runner = ModelRunner(model, pool)
-    seq = Sequence(token_ids)
-    seq.block_table = list(range(pool.num_blocks))
-    runner.forward([seq], [n], logits="none")
-    blocks = torch.arange(pool.num_blocks)
-    read = lambda store: pool.fmt.read(store, blocks, 1.0).abs().amax().item()
-    return [read(k) for k in pool.k], [read(v) for v in pool.v]
+    with one_thread():
+        pool = KVPool(layer_shapes, "fp32", min_pool_bytes(layer_shapes, "fp32", n, block_size), block_size)
+        runner = ModelRunner(model, pool)
+        seq = Sequence(token_ids)
+        seq.block_table = list(range(pool.num_blocks))
+        runner.forward([seq], [n], logits="none")
+        blocks = torch.arange(pool.num_blocks)
+        read = lambda store: pool.fmt.read(store, blocks, 1.0).abs().amax().item()
+        return [read(k) for k in pool.k], [read(v) for v in pool.v]
 
 
 LOSSY_KV = ("fp8", "nvfp4")     # formats whose sequences keep their last span exact (exact_tail)

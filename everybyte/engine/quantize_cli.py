@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from itertools import chain
 from pathlib import Path
+
+from everybyte.engine.config import EngineConfig
 
 PROG = "everybyte quantize"
 FORMATS = ("nvfp4",)
@@ -25,6 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"output format ({', '.join(FORMATS)}) and directory")
     p.add_argument("--exclude", default="", help="comma-separated HF module names/patterns kept unquantized")
     p.add_argument("--dtype", default="bf16", choices=("fp32", "fp16", "bf16"), help="dtype of unquantized tensors")
+    p.add_argument("--kv-cache-dtype", default="nvfp4", choices=("nvfp4", "fp8", "none"),
+                   help="KV format whose per-layer k_scale/v_scale the checkpoint carries ('none': no KV scales)")
     p.add_argument("--force", action="store_true", help="replace DIR when it exists and is not empty")
     return p
 
@@ -54,8 +59,13 @@ def calibrate(loaded) -> tuple[dict[str, float], tuple[list[float], list[float]]
 
 
 def quantize_checkpoint(model, out: str | Path, exclude: tuple[str, ...] = (), dtype: str = "bf16",
-                        force: bool = False) -> Path:
+                        force: bool = False, kv_cache_dtype: str | None = "nvfp4",
+                        kv_headroom: float = EngineConfig.kv_scale_headroom) -> Path:
+    """The checkpoint's KV scales are the ones the engine would derive from the calibration
+    (amax * headroom rounded up to a power of two), so every process that loads it uses them."""
+    from everybyte.kv.pool import pow2_ceil
     from everybyte.models.hf_export import export_hf
+    from everybyte.models.kv_scales import KV_QUANT_ALGO, kv_scale_tensors
     from everybyte.models.loader import load_model
     from everybyte.models.modelopt import QuantConfig, quantize_weights
     from everybyte.models.nvfp4_linear import matches
@@ -64,14 +74,19 @@ def quantize_checkpoint(model, out: str | Path, exclude: tuple[str, ...] = (), d
         raise FileExistsError(f"{out} exists and is not empty; pass --force to replace it")
     from everybyte.models.llama import Embedding, Linear
     loaded = load_model(model, dtype="fp32")
-    input_amax, _ = calibrate(loaded)
+    input_amax, (k_amax, v_amax) = calibrate(loaded)
+    kv = {}
+    if kv_cache_dtype not in (None, "none"):
+        kv = kv_scale_tensors([(pow2_ceil(k * kv_headroom), pow2_ceil(v * kv_headroom))
+                               for k, v in zip(k_amax, v_amax)], kv_cache_dtype)
     lm = loaded.model
     matrices = {part for name, mod in lm.named_modules() if isinstance(mod, (Linear, Embedding))
                 for part, _ in lm.linear_parts(name)}
     del loaded, lm
     quantized = lambda matrix: matrix in matrices and not matches(matrix, exclude)
-    return export_hf(model, out, dtype=dtype, force=force, quant=QuantConfig(exclude_modules=list(exclude)),
-                     transform=lambda weights: quantize_weights(weights, quantized, input_amax))
+    quant = QuantConfig(exclude_modules=list(exclude), kv_cache_quant_algo=KV_QUANT_ALGO.get(kv_cache_dtype))
+    return export_hf(model, out, dtype=dtype, force=force, quant=quant,
+                     transform=lambda weights: chain(quantize_weights(weights, quantized, input_amax), kv.items()))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     exclude = tuple(p.strip() for p in args.exclude.split(",") if p.strip())
     try:
-        path = quantize_checkpoint(args.model, out, exclude, args.dtype, args.force)
+        path = quantize_checkpoint(args.model, out, exclude, args.dtype, args.force, args.kv_cache_dtype)
     except (OSError, ValueError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2

@@ -58,6 +58,12 @@ def min_pool_bytes(layer_shapes, kv_cache_dtype: str, num_tokens: int, block_siz
     return -(-num_tokens // block_size) * block_size * bytes_per_token(layer_shapes, kv_cache_dtype)
 
 
+def pow2_ceil(x: float) -> float:
+    """The least power of two >= x > 0, exactly (frexp, not a rounded log2)."""
+    m, e = math.frexp(x)
+    return math.ldexp(1.0, e - 1 if m == 0.5 else e)
+
+
 @dataclass
 class Stack:
     key: str                              # the format's field ("data", "scales")
@@ -107,12 +113,16 @@ class KVPool:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for store in (*self.k, *self.v) for t in store.values())
 
-    def set_scales_from_amax(self, k_amax: list[float], v_amax: list[float], headroom: float = 2.0) -> None:
+    def set_scales_from_amax(self, k_amax: list[float], v_amax: list[float], headroom: float = 2.0,
+                             grid: bool = True) -> None:
         """Per-layer FP32 scales (decode form) that map amax * headroom, rounded up to a power of
-        two, to the format's largest value. The rounding makes the scales (and so every block's
-        bytes and name) the same on every node, whatever tiny float differences the calibration
-        pass has across thread counts or CPUs."""
-        up = lambda a: 2.0 ** math.ceil(math.log2(max(a * headroom, 1e-30)))
+        two, to the format's largest value. The rounding is a pure function of the amax (no
+        state, no hysteresis): two processes whose maxima agree bit for bit (the calibration
+        pass is deterministic) get the same scales, and maxima that differ by a relative eps
+        (another CPU or GEMM library: ~1e-6 in fp32) still do unless one straddles a power of
+        two, which happens with probability ~eps / ln 2 per value. grid=False takes the amax as
+        given (scales a checkpoint brings, which every process reads bit for bit)."""
+        up = lambda a: pow2_ceil(max(a * headroom, 1e-30)) if grid else a
         self.k_scales = [self.fmt.scale_for_amax(up(a)) for a in k_amax]
         self.v_scales = [self.fmt.scale_for_amax(up(a)) for a in v_amax]
 

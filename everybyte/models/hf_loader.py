@@ -14,6 +14,7 @@ from everybyte.models.config import ModelConfig
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 INDEX_FILE = "model.safetensors.index.json"
+KV_SCALE_SUFFIXES = (".k_scale", ".v_scale")      # KV cache scales, not weights: models/kv_scales.py
 
 
 def read_json(file: Path) -> dict:
@@ -101,6 +102,7 @@ def iter_hf_weights(path: str | Path, config: ModelConfig, dtype: torch.dtype | 
         except (SafetensorError, OSError) as e:
             raise ValueError(f"{f}: corrupt or truncated safetensors file: {e}") from e
         for name in st.keys():
-            if name.endswith("rotary_emb.inv_freq") or (config.tie_word_embeddings and name == "lm_head.weight"):
+            if (name.endswith(("rotary_emb.inv_freq", *KV_SCALE_SUFFIXES))
+                    or (config.tie_word_embeddings and name == "lm_head.weight")):
                 continue
             yield name, st.get_tensor(name).to(device=device, dtype=dtype)

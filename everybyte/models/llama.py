@@ -211,7 +211,7 @@ class CausalLM(nn.Module):
                 continue
             entry = table.get(name)
             if entry is None:
-                if not (name.endswith(("rotary_emb.inv_freq", ".k_scale", ".v_scale"))
+                if not (name.endswith("rotary_emb.inv_freq")
                         or (name == "lm_head.weight" and self.lm_head is None)):
                     unknown.append(name)
                 continue

@@ -55,7 +55,9 @@ def read_quant_config(path: str | Path) -> QuantConfig | None:
             q = None
     if not q:
         return None
-    algo = q.get("quant_algo") or q.get("quant_method")
+    algo = q.get("quant_algo") or (None if q.get("quant_method") == "modelopt" else q.get("quant_method"))
+    if algo is None:               # KV-cache-only quantization: the weights are float
+        return None
     if str(algo).upper() != QUANT_ALGO:
         raise ValueError(f"{path}: quantization {algo!r} is not supported; supported: {', '.join(SUPPORTED_ALGOS)} "
                          f"(ModelOpt quant_algo)")

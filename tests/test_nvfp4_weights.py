@@ -14,7 +14,7 @@ from everybyte import cli
 from everybyte.formats import cpu_kernels
 from everybyte.formats.nvfp4_kv import quantize_blocks_best_scale
 from everybyte.formats.nvfp4_weights import WEIGHT_DIVISORS, quantize_group, quantize_weight, tensor_scale
-from everybyte.models import nvfp4_gemm
+from everybyte.models import native_ops, nvfp4_gemm
 from everybyte.models.loader import load_model
 from everybyte.models.nvfp4_gemm import PackedWeight, fused_linear, reference_linear
 from everybyte.native import loader
@@ -64,10 +64,7 @@ def test_portable_and_avx2_builds_match(monkeypatch, tmp_path, march):
         pytest.skip("no C compiler")
     flags = [f for f in loader.FLAGS if not f.startswith("-march")] + [f"-march={march}"]
     monkeypatch.setenv("EVERYBYTE_HOME", str(tmp_path))
-    lib = loader.load("nvfp4_gemm", loader.csrc("nvfp4_gemm.c"), flags=flags)
-    lib.gemm_init.restype = lib.nvfp4_linear.restype = None
-    lib.gemm_init()
-    monkeypatch.setattr(nvfp4_gemm, "_lib", lib)
+    monkeypatch.setattr(native_ops, "_lib", native_ops.build(flags))
     check_kernel_matches_reference()
 
 

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from everybyte.formats.kv_layout import KVFormat, hadamard
+from everybyte.models.decode_attention import nvfp4_decode
 from everybyte.models.own_block_attention import own_block_attention
 
 
@@ -67,13 +68,17 @@ def _attend(q, k, v, cache: LayerKVCache, meta: AttentionMetadata, scale: float,
         cache.tail_k.view(-1, *k.shape[1:]).index_copy_(0, flat, ks.to(cache.tail_k.dtype))
         cache.tail_v.view(-1, *v.shape[1:]).index_copy_(0, flat, vs.to(cache.tail_v.dtype))
     rot = (lambda x: x) if h is None else (lambda x: x @ h)
+
+    def decode(q, tables):
+        dt = _decode_tails(meta, decode_rows, tails, span)
+        fused = nvfp4_decode(q, cache, tables, _decode_lens(meta, decode_rows), scale, dt, h is not None)
+        return fused if fused is not None else rot(_decode(rot(q), cache, tables, decode_mask, scale, dt))
+
     if not prefills:
-        return rot(_decode(rot(q), cache, meta.block_tables, decode_mask, scale,
-                           _decode_tails(meta, decode_rows, tails, span)))
+        return decode(q, meta.block_tables)
     out = torch.empty_like(q)
     if decode_tokens is not None:
-        out[decode_tokens] = rot(_decode(rot(q[decode_tokens]), cache, meta.block_tables[decode_rows],
-                                         decode_mask, scale, _decode_tails(meta, decode_rows, tails, span)))
+        out[decode_tokens] = decode(q[decode_tokens], meta.block_tables[decode_rows])
     for (row, start, n, ctx), own, b in zip(prefills, exact, back):
         chunk = q[start:start + n]
         if b:
@@ -124,6 +129,13 @@ def _decode_tails(meta: AttentionMetadata, rows, tails: bool, bs: int):
                               device=rows.device)
         meta.derived["decode_tails"] = (slots, blocks)
     return meta.derived["decode_tails"]
+
+
+def _decode_lens(meta: AttentionMetadata, rows) -> torch.Tensor:
+    """Context length of each decode row (int64), once per step."""
+    if "decode_lens" not in meta.derived:
+        meta.derived["decode_lens"] = torch.tensor([meta.context_lens[r] for r in rows.tolist()], dtype=torch.long)
+    return meta.derived["decode_lens"]
 
 
 def _plan(meta: AttentionMetadata, granule: int, device):

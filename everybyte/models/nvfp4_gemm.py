@@ -1,7 +1,7 @@
 """x @ W^T for a weight kept in NVFP4: the fused CPU kernel and the dequantize-then-matmul path.
 
 `linear(x, weight, bias)` picks, per call:
-- small batches (x rows <= GEMV_MAX_ROWS) on CPU: the C kernel (native/csrc/nvfp4_gemm.c), which
+- small batches (x rows <= GEMV_MAX_ROWS) on CPU: the C kernel (native/csrc/nvfp4_gemm.c, via models/native_ops), which
   decodes codes and block scales in registers and accumulates in float32 (AVX-512, AVX2 or
   portable C, whatever this CPU has);
 - anything else (prefill chunks, other devices, no C compiler): the weight dequantized into a
@@ -12,37 +12,20 @@ from __future__ import annotations
 
 import ctypes
 import threading
-import warnings
 
 import torch
 
 from everybyte.formats.nvfp4_weights import PackedPart
 from everybyte.models import gemm
-from everybyte.native import loader
+from everybyte.models import native_ops
 
 GEMV_MAX_ROWS = 16          # measured crossover, see README "Weights"
 PANEL_BYTES = 16 << 20
-_lib: ctypes.CDLL | None = None
-_error: str | None = None
 _scratch = threading.local()
 
 
-def _load() -> ctypes.CDLL | None:
-    global _lib, _error
-    if _lib is None and _error is None:
-        try:
-            lib = loader.load("nvfp4_gemm", loader.csrc("nvfp4_gemm.c"))
-            lib.gemm_init.restype = lib.nvfp4_linear.restype = None
-            lib.gemm_init()
-            _lib = lib
-        except Exception as e:  # noqa: BLE001 - any failure means: dequantize-then-matmul
-            _error = f"{type(e).__name__}: {e}"
-            warnings.warn(f"everybyte NVFP4 GEMM kernel unavailable, dequantizing weights per call ({_error})")
-    return _lib
-
-
 def kernel_available() -> bool:
-    return _load() is not None
+    return native_ops.lib() is not None
 
 
 class PackedWeight:
@@ -121,9 +104,9 @@ def reference_linear(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None
 
 def fused_linear(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """The C kernel: x [M, K] float32/bfloat16 contiguous on CPU."""
-    lib = _load()
+    lib = native_ops.lib()
     if lib is None:
-        raise RuntimeError(f"NVFP4 GEMM kernel unavailable: {_error}")
+        raise RuntimeError(f"NVFP4 GEMM kernel unavailable: {native_ops.error()}")
     m = x.shape[0]
     out = torch.empty(m, w.out_features, dtype=x.dtype)
     if bias is not None:
@@ -138,6 +121,6 @@ def fused_linear(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None = N
 
 def linear(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     if (x.dim() == 2 and x.shape[0] <= GEMV_MAX_ROWS and x.device.type == "cpu" and x.is_contiguous()
-            and x.dtype in (torch.float32, torch.bfloat16) and x.shape[1] == w.in_features and _load() is not None):
+            and x.dtype in (torch.float32, torch.bfloat16) and x.shape[1] == w.in_features and native_ops.lib() is not None):
         return fused_linear(x, w, bias)
     return reference_linear(x, w, bias)

@@ -1,0 +1,101 @@
+/* Decode attention over an NVFP4 KV pool: one new query token per sequence, every query head of
+ * a KV group at once, in one call for the whole batch (the torch path takes ~20 ops a layer).
+ *
+ * Per (sequence b, KV head h): the group's queries (rotated by the format's Hadamard matrix H and
+ * scaled), scores against every key t < ctx[b], softmax in float32, the weighted sum of values,
+ * rotated back by H. Keys and values come from the pool (block table row b: codes [bs, Hkv, D/2],
+ * scales [bs, Hkv, D/16] a block, times the layer's K or V scale), except positions from
+ * own[b] * span on, which come unquantized from the sequence's exact-tail slot (when slot[b] >= 0).
+ * Same math as gather + dequantize + SDPA; only the summation order differs.
+ */
+#include <math.h>
+
+static inline void load_row(const void* p, int bf16, int64_t n, float* out) {
+    if (bf16) for (int64_t i = 0; i < n; i++) out[i] = bf16_to_f32(((const uint16_t*)p)[i]);
+    else memcpy(out, p, sizeof(float) * n);
+}
+
+/* one KV head's D values of token `off` in pool block `blk` (or the tail row), as floats */
+static inline void kv_row(const uint8_t* data, const uint8_t* scales, int64_t blk, int64_t off, int64_t hkv,
+                          int64_t h, int64_t D, int64_t bs, float s, float* out) {
+    int64_t row = (blk * bs + off) * hkv + h;
+    const uint8_t* q = data + row * (D / 2);
+    const uint8_t* sc = scales + row * (D / 16);
+    for (int64_t j = 0; j < D / 16; j++) {
+        vec w[NV];
+        decode16(q + 8 * j, E4M3[sc[j]] * s, w);
+        memcpy(out + 16 * j, w, 64);
+    }
+}
+
+static inline float dot(const float* a, const float* b, int64_t n) {
+    vec acc = vzero();
+    for (int64_t i = 0; i < n; i += VW) acc = vfma(vload(a + i), vload(b + i), acc);
+    return vsum(acc);
+}
+
+static void rotate(const float* x, const float* H, int64_t D, float* out) {   /* out = x @ H */
+    for (int64_t j = 0; j < D; j++) out[j] = 0.0f;
+    for (int64_t i = 0; i < D; i++)
+        for (int64_t j = 0; j < D; j++) out[j] += x[i] * H[i * D + j];
+}
+
+void nvfp4_decode_attention(const void* q_in, void* out, int bf16, int64_t B, int64_t hq, int64_t hkv, int64_t D,
+                            const uint8_t* kd, const uint8_t* ks, const uint8_t* vd, const uint8_t* vs,
+                            float k_scale, float v_scale, int64_t bs, const int64_t* tables, int64_t max_blocks,
+                            const int64_t* ctx, const void* tail_k, const void* tail_v, const int64_t* slot,
+                            const int64_t* own, int64_t span, const float* H, float scale, int nt) {
+    const int64_t G = hq / hkv;
+    #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    for (int64_t task = 0; task < B * hkv; task++) {
+        const int64_t b = task / hkv, h = task % hkv, n = ctx[b];
+        const int64_t tail0 = slot[b] >= 0 ? own[b] * span : n;
+        float* p = (float*)malloc(sizeof(float) * (G * n + G * D * 3 + D));
+        float *qr = p + G * n, *acc = qr + G * D, *tmp = acc + G * D, *row = tmp + G * D;
+        for (int64_t g = 0; g < G; g++) {
+            const int64_t qi = (b * hq + h * G + g) * D;
+            load_row(bf16 ? (const void*)((const uint16_t*)q_in + qi) : (const void*)((const float*)q_in + qi), bf16, D, tmp);
+            if (H) rotate(tmp, H, D, qr + g * D); else memcpy(qr + g * D, tmp, sizeof(float) * D);
+            for (int64_t i = 0; i < D; i++) qr[g * D + i] *= scale;
+        }
+        for (int pass = 0; pass < 2; pass++) {           /* 0: scores, 1: weighted values */
+            const uint8_t *d = pass ? vd : kd, *sc = pass ? vs : ks;
+            const void* tail = pass ? tail_v : tail_k;
+            const float s = pass ? v_scale : k_scale;
+            for (int64_t t = 0; t < n; t++) {
+                if (t >= tail0) {
+                    int64_t at = ((slot[b] * span + (t - tail0)) * hkv + h) * D;
+                    load_row(bf16 ? (const void*)((const uint16_t*)tail + at) : (const void*)((const float*)tail + at),
+                             bf16, D, row);
+                } else {
+                    kv_row(d, sc, tables[b * max_blocks + t / bs], t % bs, hkv, h, D, bs, s, row);
+                }
+                if (!pass) {
+                    for (int64_t g = 0; g < G; g++) p[g * n + t] = dot(qr + g * D, row, D);
+                } else {
+                    for (int64_t g = 0; g < G; g++) {
+                        const float w = p[g * n + t];
+                        for (int64_t i = 0; i < D; i++) acc[g * D + i] += w * row[i];
+                    }
+                }
+            }
+            if (!pass) {                                  /* softmax over each query head's scores */
+                for (int64_t g = 0; g < G; g++) {
+                    float m = -INFINITY, sum = 0.0f;
+                    for (int64_t t = 0; t < n; t++) m = fmaxf(m, p[g * n + t]);
+                    for (int64_t t = 0; t < n; t++) { p[g * n + t] = expf(p[g * n + t] - m); sum += p[g * n + t]; }
+                    for (int64_t t = 0; t < n; t++) p[g * n + t] /= sum;
+                }
+                memset(acc, 0, sizeof(float) * G * D);
+            }
+        }
+        for (int64_t g = 0; g < G; g++) {
+            float* res = tmp;
+            if (H) rotate(acc + g * D, H, D, res); else res = acc + g * D;
+            const int64_t oi = (b * hq + h * G + g) * D;
+            if (bf16) for (int64_t i = 0; i < D; i++) ((uint16_t*)out)[oi + i] = f32_to_bf16(res[i]);
+            else memcpy((float*)out + oi, res, sizeof(float) * D);
+        }
+        free(p);
+    }
+}

@@ -63,8 +63,10 @@ def tensor_scale(tensors: list[torch.Tensor]) -> float:
     return max(amax / AMAX_TO_SCALE, torch.finfo(torch.float32).tiny) if amax > 0 else 0.0
 
 
-def quantize_weight(w: torch.Tensor, global_scale: float, divs: tuple[float, ...] = WEIGHT_DIVISORS) -> PackedPart:
-    """w [out, in] (checked by check_weight) at the given decode-form tensor scale."""
+def quantize_weight(w: torch.Tensor, global_scale: float, divs: tuple[float, ...] | None = None) -> PackedPart:
+    """w [out, in] (checked by check_weight) at the given decode-form tensor scale; divs: the
+    block-scale candidates (default WEIGHT_DIVISORS)."""
+    divs = tuple(divs or WEIGHT_DIVISORS)
     rows, n = w.shape
     data = torch.empty(rows, n // 2, dtype=torch.uint8)
     scales = torch.empty(rows, n // BLOCK, dtype=torch.float8_e4m3fn)
@@ -80,7 +82,7 @@ def quantize_weight(w: torch.Tensor, global_scale: float, divs: tuple[float, ...
     return PackedPart(data, scales, float(global_scale))
 
 
-def quantize_group(named: list[tuple[str, torch.Tensor]], divs: tuple[float, ...] = WEIGHT_DIVISORS
+def quantize_group(named: list[tuple[str, torch.Tensor]], divs: tuple[float, ...] | None = None
                    ) -> list[PackedPart]:
     """Quantize matrices that an engine may fuse (same `in`) with one shared tensor scale."""
     for name, w in named:

@@ -49,6 +49,18 @@ static inline float vsum(vec a) { return _mm512_reduce_add_ps(a); }
 /* one block of 16: codes -> values times the block scale, in one vector */
 static inline void decode16(const uint8_t* q, float sc, vec* w) {
     static const float T[16] = {0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
+#if defined(__AVX512VBMI__)
+    /* the 8 code bytes in every qword; one multishift moves nibble i to the low bits of dword i
+       (vpermps reads only those 4 bits, so the rest may hold anything) */
+    const __m512i at = _mm512_set_epi8(0, 0, 0, 60, 0, 0, 0, 56, 0, 0, 0, 52, 0, 0, 0, 48, 0, 0, 0, 44, 0, 0, 0, 40,
+                                       0, 0, 0, 36, 0, 0, 0, 32, 0, 0, 0, 28, 0, 0, 0, 24, 0, 0, 0, 20, 0, 0, 0, 16,
+                                       0, 0, 0, 12, 0, 0, 0, 8, 0, 0, 0, 4, 0, 0, 0, 0);
+    int64_t bits;
+    memcpy(&bits, q, 8);
+    __m512i idx = _mm512_multishift_epi64_epi8(at, _mm512_set1_epi64(bits));
+    w[0] = _mm512_mul_ps(_mm512_permutexvar_ps(idx, _mm512_loadu_ps(T)), _mm512_set1_ps(sc));
+    return;
+#endif
     const __m128i m = _mm_set1_epi8(0x0F);
     __m128i b = _mm_loadl_epi64((const __m128i*)q);
     __m128i c = _mm_unpacklo_epi8(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));

@@ -49,6 +49,7 @@ def run_everybyte(a) -> dict:
     import torch
     from everybyte import LLM, SamplingParams
     llm = LLM(a.model, kv_cache_dtype=a.kv_cache_dtype, kv_cache_bytes=a.kv_cache, dtype=a.dtype,
+              weights_dtype=a.weights_dtype,
               max_model_len=max(a.prompt_len, a.decode_prompt_len + a.new_tokens) + 16,
               max_num_seqs=max(a.batches), max_num_batched_tokens=a.max_num_batched_tokens)
     tok = lambda s: llm.tokenizer.encode(s, add_special_tokens=False)
@@ -66,7 +67,8 @@ def run_everybyte(a) -> dict:
         assert all(len(o.token_ids) == a.new_tokens for o in outs)
         decode[str(b)] = b * a.new_tokens / dt
     return {"prefill_tok_s": prefill, "decode_tok_s": decode, "dtype": str(llm.config.dtype),
-            "kv_pool": llm.pool.describe(), "threads": torch.get_num_threads()}
+            "kv_pool": llm.pool.describe(), "threads": torch.get_num_threads(),
+            "weights_format": llm.loaded.weights_format, "weights_bytes": llm.weights_bytes}
 
 
 def run_transformers(a) -> dict:
@@ -129,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto", help="compute dtype for both sides (auto = the engine default)")
     p.add_argument("--hf-dtype", default=None, help="override the transformers side's dtype")
     p.add_argument("--kv-cache-dtype", default="nvfp4")
+    p.add_argument("--weights-dtype", default="auto", help="everybyte's weights: auto, nvfp4, bf16, fp32")
+    p.add_argument("--baseline-weights", default=None,
+                   help="also run everybyte with these weights (e.g. fp32) in the same run, and report the ratios")
     p.add_argument("--kv-cache", default="256MiB")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--prompt-len", type=int, default=2048)
@@ -161,10 +166,20 @@ def main(argv: list[str] | None = None) -> int:
              "--batches", ",".join(map(str, a.batches)), "--threads", str(a.threads)]
     child += ["--model", a.model] if a.model else []
     child += ["--hf-dtype", a.hf_dtype] if a.hf_dtype else []
-    ours = _spawn("everybyte", child)
+    ours = _spawn("everybyte", child + ["--weights-dtype", a.weights_dtype])
+    base = a.baseline_weights and _spawn("everybyte", child + ["--weights-dtype", a.baseline_weights])
     theirs = None if a.skip_transformers else _spawn("transformers", child)
     keys = ("prefill_tok_s", "decode_tok_s", "peak_rss_bytes")
-    result = {"everybyte": {k: ours[k] for k in keys}, "transformers": theirs and {k: theirs[k] for k in keys}}
+    result = {"everybyte": {k: ours[k] for k in (*keys, "weights_format", "weights_bytes")},
+              "transformers": theirs and {k: theirs[k] for k in keys}}
+    if base:
+        bs = [str(b) for b in a.batches]
+        result[f"everybyte_{a.baseline_weights}_weights"] = {k: base[k] for k in (*keys, "weights_format", "weights_bytes")}
+        result[f"vs_{a.baseline_weights}_weights"] = {
+            "prefill": ours["prefill_tok_s"] / base["prefill_tok_s"],
+            **{f"decode_{b}": ours["decode_tok_s"][b] / base["decode_tok_s"][b] for b in bs},
+            "weights_bytes": ours["weights_bytes"] / base["weights_bytes"],
+            "peak_rss": ours["peak_rss_bytes"] / base["peak_rss_bytes"]}
     if theirs:
         bs = [str(b) for b in a.batches]
         ratios = {"prefill": ours["prefill_tok_s"] / theirs["prefill_tok_s"],
@@ -177,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                            **({"decode B=32 >= 4x transformers B=8": ratios["decode_32_vs_transformers_8"] >= 4.0}
                               if "decode_32_vs_transformers_8" in ratios else {})}
     result["config"] = {"model": a.model or "default (SmolLM2-135M-Instruct Q4_1 GGUF)",
-                        "compute_dtype": ours["dtype"], "transformers_dtype": theirs and theirs["dtype"],
+                        "compute_dtype": ours["dtype"], "weights_dtype": a.weights_dtype, "transformers_dtype": theirs and theirs["dtype"],
                         "kv_cache_dtype": a.kv_cache_dtype, "kv_pool": ours["kv_pool"],
                         "max_num_batched_tokens": a.max_num_batched_tokens, "prompt_len": a.prompt_len,
                         "prefill_repeats": a.prefill_repeats,

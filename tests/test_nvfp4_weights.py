@@ -37,7 +37,7 @@ def check_kernel_matches_reference():
 
 def _check_kernel(w):
     dense = w.dequantize(torch.float32)
-    for m in (1, 2, 3, 4, 5, 9, 16):
+    for m in (1, 2, 3, 4, 5, 9, 16, 33):
         x = torch.randn(m, w.in_features)
         bias = torch.randn(w.out_features)
         want = x.double() @ dense.double().T + bias.double()

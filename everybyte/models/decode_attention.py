@@ -23,7 +23,7 @@ def nvfp4_decode(q: torch.Tensor, cache, block_tables: torch.Tensor, lens: torch
     """q [B, Hq, D] (unrotated) -> [B, Hq, D]; lens [B] context lengths; tails (slots, own span
     index) per row or None. None when the fused kernel does not apply."""
     if (cache.fmt.name != "nvfp4" or q.device.type != "cpu" or q.dtype not in (torch.float32, torch.bfloat16)
-            or q.shape[-1] % 16 or native_ops.lib() is None):
+            or q.shape[-1] % 16 or q.shape[-1] > 256 or native_ops.lib() is None):
         return None
     kd, ks, vd, vs = cache.k["data"], cache.k["scales"], cache.v["data"], cache.v["scales"]
     if not all(t.is_contiguous() for t in (kd, ks, vd, vs)):

@@ -34,12 +34,25 @@ static inline float dot(const float* a, const float* b, int64_t n) {
     return vsum(acc);
 }
 
-static void rotate(const float* x, const float* H, int64_t D, float* out) {   /* out = x @ H */
-    for (int64_t j = 0; j < D; j++) out[j] = 0.0f;
-    for (int64_t i = 0; i < D; i++)
-        for (int64_t j = 0; j < D; j++) out[j] += x[i] * H[i * D + j];
+/* out = x @ H, D a multiple of 16 (at most 256): rows of H scaled by x[i] and summed in vectors */
+static void rotate(const float* x, const float* H, int64_t D, float* out) {
+    vec acc[256 / VW];
+    const int64_t nv = D / VW;
+    for (int64_t j = 0; j < nv; j++) acc[j] = vzero();
+    for (int64_t i = 0; i < D; i++) {
+        vec xi = vbroadcast(x[i]);
+        for (int64_t j = 0; j < nv; j++) acc[j] = vfma(xi, vload(H + i * D + j * VW), acc[j]);
+    }
+    for (int64_t j = 0; j < nv; j++) vstore(out + j * VW, acc[j]);
 }
 
+/* acc += w * row over D values */
+static inline void axpy(float w, const float* row, int64_t D, float* acc) {
+    vec wv = vbroadcast(w);
+    for (int64_t i = 0; i < D; i += VW) vstore(acc + i, vfma(wv, vload(row + i), vload(acc + i)));
+}
+
+/* D > 256 (no such model here) would overflow rotate's accumulators: the caller checks */
 void nvfp4_decode_attention(const void* q_in, void* out, int bf16, int64_t B, int64_t hq, int64_t hkv, int64_t D,
                             const uint8_t* kd, const uint8_t* ks, const uint8_t* vd, const uint8_t* vs,
                             float k_scale, float v_scale, int64_t bs, const int64_t* tables, int64_t max_blocks,
@@ -73,10 +86,7 @@ void nvfp4_decode_attention(const void* q_in, void* out, int bf16, int64_t B, in
                 if (!pass) {
                     for (int64_t g = 0; g < G; g++) p[g * n + t] = dot(qr + g * D, row, D);
                 } else {
-                    for (int64_t g = 0; g < G; g++) {
-                        const float w = p[g * n + t];
-                        for (int64_t i = 0; i < D; i++) acc[g * D + i] += w * row[i];
-                    }
+                    for (int64_t g = 0; g < G; g++) axpy(p[g * n + t], row, D, acc + g * D);
                 }
             }
             if (!pass) {                                  /* softmax over each query head's scores */

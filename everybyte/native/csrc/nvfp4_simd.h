@@ -44,6 +44,8 @@ static inline uint16_t f32_to_bf16(float f) {
 typedef __m512 vec;
 static inline vec vzero(void) { return _mm512_setzero_ps(); }
 static inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
+static inline void vstore(float* p, vec v) { _mm512_storeu_ps(p, v); }
+static inline vec vbroadcast(float f) { return _mm512_set1_ps(f); }
 static inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
 static inline float vsum(vec a) { return _mm512_reduce_add_ps(a); }
 /* one block of 16: codes -> values times the block scale, in one vector */
@@ -74,6 +76,8 @@ static inline void decode16(const uint8_t* q, float sc, vec* w) {
 typedef __m256 vec;
 static inline vec vzero(void) { return _mm256_setzero_ps(); }
 static inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
+static inline void vstore(float* p, vec v) { _mm256_storeu_ps(p, v); }
+static inline vec vbroadcast(float f) { return _mm256_set1_ps(f); }
 static inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
 static inline float vsum(vec a) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
@@ -98,6 +102,8 @@ static inline void decode16(const uint8_t* q, float sc, vec* w) {
 typedef float vec __attribute__((vector_size(64)));
 static inline vec vzero(void) { vec z = {0}; return z; }
 static inline vec vload(const float* p) { vec v; memcpy(&v, p, 64); return v; }
+static inline void vstore(float* p, vec v) { memcpy(p, &v, 64); }
+static inline vec vbroadcast(float f) { vec v; for (int i = 0; i < 16; i++) v[i] = f; return v; }
 static inline vec vfma(vec a, vec b, vec c) { return a * b + c; }
 static inline float vsum(vec a) { float s = 0; for (int i = 0; i < 16; i++) s += a[i]; return s; }
 static inline void decode16(const uint8_t* q, float sc, vec* w) {

@@ -159,3 +159,34 @@ def test_stopping_a_server_stops_its_subprocesses(tmp_path):
         time.sleep(0.05)
     else:
         pytest.fail(f"child {child} of the stopped server is still running")
+
+
+def test_missing_llama_server_is_a_clear_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("EVERYBYTE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("PATH", str(tmp_path / "nobin"))
+    monkeypatch.delenv("EVERYBYTE_LLAMA_SERVER", raising=False)
+    assert cli.main(["bench", "compare", "--peers", "llamaserver"]) == 2
+    err = capsys.readouterr().err
+    assert "is not installed: the llama-server binary" in err and "bash bench/peers/build_llama_server.sh" in err
+    monkeypatch.setenv("EVERYBYTE_LLAMA_SERVER", str(tmp_path / "nope"))
+    assert cli.main(["bench", "compare", "--peers", "llamaserver"]) == 2
+    assert f"EVERYBYTE_LLAMA_SERVER={tmp_path / 'nope'}" in capsys.readouterr().err
+
+
+def test_llama_server_command_matches_the_settings(tmp_path, monkeypatch):
+    fake = tmp_path / "llama-server"     # answers --help/--version like the 0.3.36 build's llama-server
+    fake.write_text("#!/bin/sh\ncase \"$1\" in --version) echo 'version: 1 (0c1e570)';;\n"
+                    "*) echo '-fa,   --flash-attn [on|off|auto]   set Flash Attention use'\n"
+                    "   echo '--cache-prompt, --cache-reuse N, -cram, --cache-ram N, --no-ui, --no-webui';; esac\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("EVERYBYTE_LLAMA_SERVER", str(fake))
+    peer = _peer("llamaserver")
+    assert peer.missing() == [] and peer.version() == "version: 1 (0c1e570)"
+    cmd, notes = peer.command("m.gguf", 8124, n_ctx=4096, threads=2, parallel=3, cache_bytes=1 << 30)
+    assert cmd[0] == str(fake)
+    flags = {f: cmd[i + 1] for i, f in enumerate(cmd[:-1]) if f.startswith("-") and not cmd[i + 1].startswith("-")}
+    assert flags["-m"] == "m.gguf" and flags["--host"] == "127.0.0.1" and flags["--port"] == "8124"
+    assert flags["-c"] == str(4096 * 3) and flags["-np"] == "3" and flags["-t"] == flags["-tb"] == "2"
+    assert flags["--flash-attn"] == "on" and flags["--cache-reuse"] == "256" and flags["--cache-ram"] == "1024"
+    assert {"--cont-batching", "--cache-prompt", "--no-webui"} <= set(cmd)
+    assert {"context", "threads", "parallel_slots", "prompt_cache", "kv_budget"} <= set(notes)

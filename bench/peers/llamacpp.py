@@ -25,7 +25,7 @@ _MODULES = ("llama_cpp", "uvicorn", "fastapi", "sse_starlette", "starlette_conte
 
 def missing() -> list[str]:
     """Python modules the peer needs that are not importable here (empty: installed)."""
-    return [m for m in _MODULES if importlib.util.find_spec(m) is None]
+    return [f"Python module {m}" for m in _MODULES if importlib.util.find_spec(m) is None]
 
 
 def version() -> str | None:

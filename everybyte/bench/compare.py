@@ -57,7 +57,8 @@ class PeerError(Exception):
 
 
 def load_peer(name: str, peers_dir: Path | None = None):
-    """bench/peers/NAME.py as a module; PeerError when it is unknown or its package is not installed."""
+    """bench/peers/NAME.py as a module; PeerError when it is unknown or not installed (its missing() names
+    what is absent: Python modules, an interpreter, a binary)."""
     peers_dir = Path(peers_dir or PEERS_DIR)
     path = Path(peers_dir) / f"{name}.py"
     if not path.is_file():
@@ -68,8 +69,8 @@ def load_peer(name: str, peers_dir: Path | None = None):
     spec.loader.exec_module(mod)
     gone = mod.missing()
     if gone:
-        raise PeerError(f"peer {name} ({mod.NAME}) is not installed: Python module(s) {', '.join(gone)} not "
-                        f"found. Install it once with:\n    {mod.INSTALL}\n({mod.INSTALL_NOTE})")
+        raise PeerError(f"peer {name} ({mod.NAME}) is not installed: {', '.join(gone)} not found. "
+                        f"Install it once with:\n    {mod.INSTALL}\n({mod.INSTALL_NOTE})")
     return mod
 
 

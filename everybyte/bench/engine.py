@@ -108,6 +108,30 @@ def run_transformers(a) -> dict:
             "threads": torch.get_num_threads()}
 
 
+def run_llama_server(a) -> dict:
+    """llama-server at -np B for each batch B: B concurrent requests of --decode-prompt-len tokens and
+    --new-tokens output tokens (ignore_eos); tok/s = all predicted tokens / wall time (the batch's
+    prefill included, as on everybyte's side). bench/peers/llama_server_decode.py does the work."""
+    import importlib.util
+    import tempfile
+    from pathlib import Path
+    from everybyte.models.default_model import default_model_path
+    path = Path(__file__).resolve().parents[2] / "bench" / "peers" / "llama_server_decode.py"
+    spec = importlib.util.spec_from_file_location("everybyte_llama_server_decode", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    peer = mod.load_peer()
+    if peer.missing():
+        raise SystemExit(f"llama-server not installed: {peer.missing()[0]}; build it with: {peer.INSTALL}")
+    args = argparse.Namespace(model=a.model or str(default_model_path()), threads=a.threads,
+                              prompt_tokens=a.decode_prompt_len, max_tokens=a.new_tokens,
+                              ctx=a.decode_prompt_len + a.new_tokens + 64, repeat=2,
+                              log_dir=tempfile.mkdtemp(prefix="everybyte-llama-server-"))
+    runs = {str(b): mod.measure(peer, args, b) for b in a.batches}
+    return {"version": peer.version(), "decode_tok_s": {b: r["aggregate_tok_s"] for b, r in runs.items()},
+            "runs": runs}
+
+
 def _side(a) -> int:
     import torch
     torch.set_num_threads(a.threads)
@@ -144,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--quick", action="store_true", help="prompt 256, 16 new tokens, batches 1,8")
     p.add_argument("--skip-transformers", action="store_true")
+    p.add_argument("--llama-server", action="store_true",
+                   help="also run llama.cpp's llama-server (bench/peers/llamaserver.py) on the same GGUF: "
+                        "-np B for each batch B, same prompt/new tokens and threads")
     p.add_argument("--json", default=None, help="also write the JSON here")
     p.add_argument("--side", choices=("everybyte", "transformers"), help=argparse.SUPPRESS)
     return p
@@ -169,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     ours = _spawn("everybyte", child + ["--weights-dtype", a.weights_dtype])
     base = a.baseline_weights and _spawn("everybyte", child + ["--weights-dtype", a.baseline_weights])
     theirs = None if a.skip_transformers else _spawn("transformers", child)
+    llama = run_llama_server(a) if a.llama_server else None
     keys = ("prefill_tok_s", "decode_tok_s", "peak_rss_bytes")
     result = {"everybyte": {k: ours[k] for k in (*keys, "weights_format", "weights_bytes")},
               "transformers": theirs and {k: theirs[k] for k in keys}}
@@ -191,6 +219,12 @@ def main(argv: list[str] | None = None) -> int:
         result["goals"] = {"prefill >= 1.0x": ratios["prefill"] >= 1.0,
                            **({"decode B=32 >= 4x transformers B=8": ratios["decode_32_vs_transformers_8"] >= 4.0}
                               if "decode_32_vs_transformers_8" in ratios else {})}
+    if llama:
+        result["llama_server"] = llama
+        result["vs_llama_server"] = {f"decode_{b}": ours["decode_tok_s"][b] / llama["decode_tok_s"][b]
+                                     for b in llama["decode_tok_s"]}
+        result["vs_llama_server"]["decode_32_vs_best_np"] = ours["decode_tok_s"][str(max(a.batches))] / max(
+            llama["decode_tok_s"].values())
     result["config"] = {"model": a.model or "default (SmolLM2-135M-Instruct Q4_1 GGUF)",
                         "compute_dtype": ours["dtype"], "weights_dtype": a.weights_dtype, "transformers_dtype": theirs and theirs["dtype"],
                         "kv_cache_dtype": a.kv_cache_dtype, "kv_pool": ours["kv_pool"],

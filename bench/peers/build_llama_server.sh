@@ -5,7 +5,7 @@
 # (llama-cpp-python 0.3.36 carries ggml-org/llama.cpp@0c1e57098). The result is one binary with
 # llama/ggml linked in statically (BUILD_SHARED_LIBS=OFF; only system libs such as libgomp and
 # libstdc++ stay dynamic) at ${EVERYBYTE_HOME:-~/.cache/everybyte}/llama.cpp/bin/, with a VERSION
-# file next to it. About 10 minutes on 2 idle cores (19 minutes here on 2 busy ones).
+# file next to it. 17 minutes on a 2-core host shared with other jobs.
 #
 #   bash bench/peers/build_llama_server.sh            # default: llama-cpp-python==0.3.36
 #   LLAMA_CPP_PYTHON_VERSION=0.3.35 JOBS=4 bash bench/peers/build_llama_server.sh

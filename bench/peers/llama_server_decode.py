@@ -73,7 +73,7 @@ def measure(peer, args, np_: int) -> dict:
     cmd, _ = peer.command(args.model, port, n_ctx=args.ctx, threads=args.threads, parallel=np_)
     log = open(os.path.join(args.log_dir, f"llama-server-np{np_}.log"), "wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    url, pool = f"http://127.0.0.1:{port}", ThreadPoolExecutor(np_)
     try:
         t0 = time.monotonic()
         while True:
@@ -92,13 +92,13 @@ def measure(peer, args, np_: int) -> dict:
         tries = []                      # (wall, timings, loadavg before/after) per repeat; the fastest is kept
         for _ in range(args.repeat):
             load0, t0 = os.getloadavg()[0], time.perf_counter()
-            with ThreadPoolExecutor(np_) as pool:
-                timings = list(pool.map(lambda p: complete(url, p, args.max_tokens), prompts))
+            timings = list(pool.map(lambda p: complete(url, p, args.max_tokens), prompts))
             tries.append((time.perf_counter() - t0, timings, [round(load0, 2), round(os.getloadavg()[0], 2)]))
         wall, timings, load = min(tries, key=lambda t: t[0])
-    finally:
+    finally:              # server first: the requests in flight then fail at once and free the pool
         stop(proc)
         log.close()
+        pool.shutdown(wait=False, cancel_futures=True)
     predicted = sum(t["predicted_n"] for t in timings)
     mean_ms = sum(t["predicted_ms"] for t in timings) / len(timings)
     return {"command": " ".join(cmd), "wall_s": round(wall, 3), "walls_s": [round(t[0], 3) for t in tries],

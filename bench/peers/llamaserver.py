@@ -1,7 +1,7 @@
 """Peer: llama.cpp's C++ `llama-server` (OpenAI-compatible, parallel slots, continuous batching).
 
 Loaded by `everybyte bench compare --peers llamaserver`; not part of .ci/run. Build it once from the
-llama.cpp sources vendored in the llama-cpp-python sdist (about 10 minutes on 2 cores):
+llama.cpp sources vendored in the llama-cpp-python sdist (17 minutes on 2 shared cores):
 
     bash bench/peers/build_llama_server.sh
 
@@ -21,8 +21,8 @@ from pathlib import Path
 NAME = "llama-server"
 BINARY_ENV = "EVERYBYTE_LLAMA_SERVER"
 INSTALL = "bash bench/peers/build_llama_server.sh"
-INSTALL_NOTE = ("compiles llama.cpp's llama-server from the llama-cpp-python sdist's sources, about 10 minutes "
-                f"on 2 cores, into $EVERYBYTE_HOME/llama.cpp/bin/; {BINARY_ENV} names another binary; "
+INSTALL_NOTE = ("compiles llama.cpp's llama-server from the llama-cpp-python sdist's sources, 17 minutes on "
+                f"2 shared cores, into $EVERYBYTE_HOME/llama.cpp/bin/; {BINARY_ENV} names another binary; "
                 "see bench/peers/README.md")
 CACHE_REUSE = 256          # min chunk (tokens) reused from a slot's cache by KV shifting
 _help: dict[str, str] = {}
@@ -104,7 +104,9 @@ def command(model: str, port: int, *, n_ctx: int, threads: int, parallel: int,
     notes = {
         "context": f"-c {n_ctx * slots} -np {slots}: {slots} slot(s) of {n_ctx} tokens each (llama-server divides "
                    f"-c among its slots; KV not unified), f16 KV",
-        "threads": f"-t {threads} -tb {threads} (decode and prompt processing)",
+        "threads": f"-t {threads} -tb {threads} (decode and prompt processing); with every core taken, its "
+                   "spinning thread pool slows down many-fold while any other process (another job, the replay "
+                   "client) runs: compare on an otherwise idle host",
         "parallel_slots": f"{slots} (-np), one per replay lane; --cont-batching decodes them in one batch",
         "flash_attention": " ".join(fa) + " (the CPU backend has a flash-attention kernel)",
         "prompt_cache": ("on: each slot keeps its last prompt's KV and reuses the longest common prefix"

@@ -16,19 +16,12 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float3
 
 
 def default_dtype(device: str) -> torch.dtype:
-    """bf16 where matmuls have native bf16 support (CUDA, AVX512-BF16/AMX CPUs), else fp32."""
-    if str(device).startswith("cuda"):
-        return torch.bfloat16
-    return torch.bfloat16 if _cpu_has_bf16() else torch.float32
-
-
-def _cpu_has_bf16() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "")
-        return " avx512_bf16" in flags or " amx_bf16" in flags
-    except OSError:
-        return False
+    """bf16 on CUDA; float32 on CPU. CPU bf16 GEMMs (oneDNN with AVX512-BF16/AMX) give a row a
+    different result depending on how many rows share the call (measured: the same greedy chat
+    reads differently when its prefix is reused, since the recomputed span is a shorter chunk),
+    which breaks "a token's output does not depend on its batch"; float32 keeps it. bf16 stays
+    available with dtype="bf16"."""
+    return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
 
 
 def resolve_dtype(dtype, device: str = "cpu") -> torch.dtype:

@@ -24,7 +24,7 @@ from everybyte.kv.tier_config import build_tiers
 from everybyte.kv.tier_movement import TierSet
 from everybyte.kv.pool import KVPool, format_size, kv_bytes_per_token, min_pool_bytes
 from everybyte.models.kv_scales import read_kv_scales
-from everybyte.models.loader import LoadedModel, load_model, packs_weights
+from everybyte.models.loader import LoadedModel, load_model
 from everybyte.models.nvfp4_linear import weight_bytes
 
 _AMAX_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -42,9 +42,6 @@ class LLMEngine:
     LOAD_WAIT_S = 0.05
 
     def __init__(self, model: str | LoadedModel | None = None, **kwargs):
-        if kwargs.get("dtype") in (None, "auto") and not str(kwargs.get("device", "cpu")).startswith("cuda") \
-                and packs_weights(model, kwargs.get("weights_dtype", "auto")):
-            kwargs["dtype"] = "fp32"   # NVFP4 weights on CPU: every kernel is float32 (bf16 measured slower at batch 1)
         cfg = self.config = EngineConfig(**kwargs)
         set_threads()
         loaded = model if isinstance(model, LoadedModel) else load_model(model, dtype=cfg.dtype,

@@ -77,22 +77,6 @@ def load_config_and_tokenizer(path: Path) -> tuple[ModelConfig, Tokenizer, objec
     return config, tokenizer, source
 
 
-def packs_weights(model, weights_dtype: str = "auto") -> bool:
-    """Whether load_model(model, weights_dtype=...) keeps the weights packed in NVFP4."""
-    if isinstance(model, LoadedModel):
-        return model.weights_format == "nvfp4"
-    if weights_dtype != "auto":
-        return weights_dtype == "nvfp4"
-    try:
-        path = resolve_model_path(model)
-    except (OSError, ValueError):
-        return False
-    try:
-        return path.is_dir() and read_quant_config(path) is not None
-    except ValueError:
-        return False
-
-
 def load_model(model: str | os.PathLike | None = None, dtype: torch.dtype | str = torch.float32,
                device: str | torch.device = "cpu", weights_dtype: str = "auto",
                exclude: tuple[str, ...] | None = None) -> LoadedModel:

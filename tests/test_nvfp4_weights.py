@@ -243,3 +243,8 @@ def test_unquantizable_weights_are_named(tmp_path):
     w[3, 17] = float("inf")
     with pytest.raises(ValueError, match=r"w2: non-finite value inf at index \[3, 17\]"):
         quantize_group([("w2", w)])
+
+
+def test_packed_weights_off_cpu_are_a_clear_error():
+    with pytest.raises(ValueError, match="NVFP4 weights run on CPU only"):
+        load_model(None, weights_dtype="nvfp4", device="meta")

@@ -97,6 +97,9 @@ def load_model(model: str | os.PathLike | None = None, dtype: torch.dtype | str 
         quant = read_quant_config(source)
         weights = iter_hf_weights(source, config)
     packed = weights_dtype == "nvfp4" or (weights_dtype == "auto" and quant is not None)
+    if packed and torch.device(device).type != "cpu":
+        raise ValueError(f"NVFP4 weights run on CPU only in this version (device {device!r}): pass "
+                         f"weights_dtype='bf16' to dequantize them on {device}")
     if quant is not None and not packed:
         weights = dequantized_weights(weights)
     swapped = []

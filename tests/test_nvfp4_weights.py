@@ -248,3 +248,28 @@ def test_unquantizable_weights_are_named(tmp_path):
 def test_packed_weights_off_cpu_are_a_clear_error():
     with pytest.raises(ValueError, match="NVFP4 weights run on CPU only"):
         load_model(None, weights_dtype="nvfp4", device="meta")
+
+
+def test_gptq_lowers_the_output_error_on_its_calibration_inputs():
+    from everybyte.formats.nvfp4_gptq import gptq_group
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(512, 8, generator=g)                                    # correlated input channels, as
+    x = z @ torch.randn(8, 64, generator=g) + 0.1 * torch.randn(512, 64, generator=g)   # activations are
+    w = torch.randn(48, 64, generator=g)
+    h = x.double().T @ x.double()
+    out_err = lambda part: (x @ part.dequantize().T - x @ w.T).square().sum().item()
+    rtn, = quantize_group([("w", w)])
+    gptq, = gptq_group([("w", w)], h)
+    assert gptq.global_scale == rtn.global_scale
+    assert out_err(gptq) < 0.5 * out_err(rtn)                              # measured: 0.10x
+
+
+def test_quantize_gptq_checkpoint_loads(tmp_path):
+    hf_dir = save_hf_dir(tiny_hf("qwen2"), tmp_path / "hf")
+    out = tmp_path / "q"
+    assert cli.main(["quantize", str(hf_dir), "--to", "nvfp4", str(out), "--dtype", "fp32", "--method", "gptq"]) == 0
+    ids = list(range(3, 40))
+    packed_logits = everybyte_logits(load_model(out), ids)
+    float_logits = everybyte_logits(load_model(hf_dir), ids)
+    assert load_model(out).weights_format == "nvfp4"
+    assert torch.nn.functional.cosine_similarity(packed_logits, float_logits, dim=-1).min() > 0.95

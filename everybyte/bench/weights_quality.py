@@ -5,7 +5,8 @@ GPL-3, chunked prefill, logits at every position). Variants, each a fresh load o
 fp32 weights (the GGUF's dequantized values) with fp32 KV (the reference); nvfp4 weights
 (everybyte's choices: best-of-5 block scales, tied embedding/LM head quantized) with fp32 KV;
 nvfp4 weights + nvfp4 KV (what `--weights-dtype nvfp4` serves); fp32 weights + nvfp4 KV (the KV's
-share); and two ablations: block scales amax/6 only, and the embedding/LM head kept in fp32.
+share); two ablations: block scales amax/6 only, and the embedding/LM head kept in fp32; and an
+`everybyte quantize --method gptq` checkpoint (error-compensating rounding; minutes to write).
 Greedy agreement is each variant's next-token argmax against the reference's. Uses engine
 internals (the model runner), as kv-quality does. The default model is already 4-bit (Q4_1), so
 nvfp4 here is a second rounding of its dequantized values.
@@ -16,19 +17,23 @@ import argparse
 import gc
 import math
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from everybyte.bench.kv_quality import REFERENCE_PPL, TEXTS, teacher_forced
 from everybyte.bench.report import emit, environment
 
-# name -> (weights_dtype, exclude, block-scale divisors or None (default), kv_cache_dtype)
+# name -> (weights_dtype, exclude, block-scale divisors or None (default), kv_cache_dtype, quantize method)
+# method None: quantized at load (round to nearest); "gptq": an `everybyte quantize --method gptq` checkpoint
 VARIANTS = {
-    "fp32": ("fp32", (), None, "fp32"),
-    "nvfp4": ("nvfp4", (), None, "fp32"),
-    "nvfp4+nvfp4_kv": ("nvfp4", (), None, "nvfp4"),
-    "fp32+nvfp4_kv": ("fp32", (), None, "nvfp4"),
-    "nvfp4_amax6_only": ("nvfp4", (), (6.0,), "fp32"),
-    "nvfp4_embedding_fp32": ("nvfp4", ("model.embed_tokens", "lm_head"), None, "fp32"),
+    "fp32": ("fp32", (), None, "fp32", None),
+    "nvfp4": ("nvfp4", (), None, "fp32", None),
+    "nvfp4+nvfp4_kv": ("nvfp4", (), None, "nvfp4", None),
+    "fp32+nvfp4_kv": ("fp32", (), None, "nvfp4", None),
+    "nvfp4_amax6_only": ("nvfp4", (), (6.0,), "fp32", None),
+    "nvfp4_embedding_fp32": ("nvfp4", ("model.embed_tokens", "lm_head"), None, "fp32", None),
+    "nvfp4_gptq": ("auto", (), None, "fp32", "gptq"),
 }
 
 
@@ -49,12 +54,24 @@ def run_variant(a, name: str, texts_ids) -> dict:
     from everybyte.kv.pool import min_pool_bytes
     from everybyte.models.loader import load_model
     from everybyte.models.nvfp4_linear import weight_bytes
-    weights_dtype, exclude, divs, kv = VARIANTS[name]
+    weights_dtype, exclude, divs, kv, method = VARIANTS[name]
     saved = nvfp4_weights.WEIGHT_DIVISORS
     nvfp4_weights.WEIGHT_DIVISORS = divs or saved
     try:
         t = time.perf_counter()
-        loaded = load_model(a.model, dtype="fp32", weights_dtype=weights_dtype, exclude=exclude)
+        with tempfile.TemporaryDirectory(prefix="everybyte-wq-") as tmp:
+            model = a.model
+            if method is not None:
+                from everybyte.engine.quantize_cli import quantize_checkpoint
+                model = quantize_checkpoint(a.model, Path(tmp) / "q", exclude, dtype="fp32", method=method)
+            loaded = load_model(model, dtype="fp32", weights_dtype=weights_dtype,
+                                exclude=None if method else exclude)
+            if method is not None:      # the checkpoint's tensors are memory-mapped: keep them past the dir
+                for m in loaded.model.modules():
+                    if getattr(m, "packed", None) is not None:
+                        for part in m.packed.parts:
+                            part.data, part.scales = part.data.clone(), part.scales.clone()
+                        m.packed = type(m.packed)(m.packed.parts)
         load_s = time.perf_counter() - t
     finally:
         nvfp4_weights.WEIGHT_DIVISORS = saved
@@ -105,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         "reference_ppl_transformers_fp32": REFERENCE_PPL if a.tokens == 4096 else None,
         "config": {"model": a.model or "default (SmolLM2-135M-Instruct Q4_1 GGUF; nvfp4 is a second rounding)",
                    "tokens": a.tokens, "compute_dtype": "float32", "prefill_chunk": a.chunk,
-                   "variants": {n: dict(zip(("weights_dtype", "exclude", "divisors", "kv_cache_dtype"), VARIANTS[n]))
+                   "variants": {n: dict(zip(("weights_dtype", "exclude", "divisors", "kv_cache_dtype", "method"),
+                                            VARIANTS[n]))
                                 for n in names},
                    "texts": TEXTS, "env": environment()},
     }

@@ -18,6 +18,9 @@ from everybyte.engine.config import EngineConfig
 
 PROG = "everybyte quantize"
 FORMATS = ("nvfp4",)
+METHODS = ("rtn", "gptq")
+GPTQ_TOKENS = 2048
+APACHE = "/usr/share/common-licenses/Apache-2.0"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,8 +33,53 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="bf16", choices=("fp32", "fp16", "bf16"), help="dtype of unquantized tensors")
     p.add_argument("--kv-cache-dtype", default="nvfp4", choices=("nvfp4", "fp8", "none"),
                    help="KV format whose per-layer k_scale/v_scale the checkpoint carries ('none': no KV scales)")
+    p.add_argument("--method", default="rtn", choices=METHODS,
+                   help="rtn: round to nearest (best of five block scales; what --weights-dtype nvfp4 does at "
+                        "load); gptq: error-compensating rounding calibrated on GPTQ_TEXTS (minutes)")
     p.add_argument("--force", action="store_true", help="replace DIR when it exists and is not empty")
     return p
+
+
+def gptq_calibration_ids(tokenizer, n: int = GPTQ_TOKENS) -> list[int]:
+    """Prose, code and a license that the perplexity benches do not score (they use argparse.py and
+    GPL-3): CPython's json/decoder.py and textwrap.py, and the Apache-2.0 text where it exists."""
+    import json as _json
+    import textwrap as _textwrap
+    files = [Path(_json.__file__).with_name("decoder.py"), Path(_textwrap.__file__), Path(APACHE)]
+    text = "".join(f.read_text() for f in files if f.is_file())
+    return tokenizer.encode(text, add_special_tokens=False)[:n]
+
+
+def hessians(loaded, ids: list[int]) -> dict[str, "torch.Tensor"]:
+    """HF matrix name -> sum of x x^T over its inputs on `ids` (float64); the tied embedding's is
+    the final norm's output (its input as the LM head)."""
+    import torch
+    from everybyte.engine.model_runner import calibrate_kv_amax
+    from everybyte.models.llama import Linear
+    lm, h, hooks = loaded.model, {}, []
+
+    def add(names, x):
+        x = x.detach().reshape(-1, x.shape[-1]).double()
+        xx = x.T @ x
+        for name in names:
+            h[name] = h[name] + xx if name in h else xx
+
+    for name, mod in lm.named_modules():
+        if isinstance(mod, Linear):
+            parts = [p for p, _ in lm.linear_parts(name)]
+            hooks.append(mod.register_forward_pre_hook(lambda _, args, parts=parts: add(parts, args[0])))
+    if lm.lm_head is None:
+        hooks.append(lm.model.norm.register_forward_hook(
+            lambda _, args, out: add(["model.embed_tokens"], out[0] if isinstance(out, tuple) else out)))
+    mc = loaded.config
+    try:
+        with torch.inference_mode():
+            calibrate_kv_amax(lm, [(mc.num_key_value_heads, mc.head_dim)] * mc.num_hidden_layers,
+                              ids[:mc.max_position_embeddings])
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return h
 
 
 def calibrate(loaded) -> tuple[dict[str, float], tuple[list[float], list[float]]]:
@@ -60,7 +108,7 @@ def calibrate(loaded) -> tuple[dict[str, float], tuple[list[float], list[float]]
 
 def quantize_checkpoint(model, out: str | Path, exclude: tuple[str, ...] = (), dtype: str = "bf16",
                         force: bool = False, kv_cache_dtype: str | None = "nvfp4",
-                        kv_headroom: float = EngineConfig.kv_scale_headroom) -> Path:
+                        kv_headroom: float = EngineConfig.kv_scale_headroom, method: str = "rtn") -> Path:
     """The checkpoint's KV scales are the ones the engine would derive from the calibration
     (amax * headroom rounded up to a power of two), so every process that loads it uses them."""
     from everybyte.kv.pool import pow2_ceil
@@ -74,7 +122,10 @@ def quantize_checkpoint(model, out: str | Path, exclude: tuple[str, ...] = (), d
         raise FileExistsError(f"{out} exists and is not empty; pass --force to replace it")
     from everybyte.models.llama import Embedding, Linear
     loaded = load_model(model, dtype="fp32")
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
     input_amax, (k_amax, v_amax) = calibrate(loaded)
+    hess = hessians(loaded, gptq_calibration_ids(loaded.tokenizer)) if method == "gptq" else None
     kv = {}
     if kv_cache_dtype not in (None, "none"):
         kv = kv_scale_tensors([(pow2_ceil(k * kv_headroom), pow2_ceil(v * kv_headroom))
@@ -86,7 +137,7 @@ def quantize_checkpoint(model, out: str | Path, exclude: tuple[str, ...] = (), d
     quantized = lambda matrix: matrix in matrices and not matches(matrix, exclude)
     quant = QuantConfig(exclude_modules=list(exclude), kv_cache_quant_algo=KV_QUANT_ALGO.get(kv_cache_dtype))
     return export_hf(model, out, dtype=dtype, force=force, quant=quant,
-                     transform=lambda weights: chain(quantize_weights(weights, quantized, input_amax), kv.items()))
+                     transform=lambda weights: chain(quantize_weights(weights, quantized, input_amax, hess), kv.items()))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     exclude = tuple(p.strip() for p in args.exclude.split(",") if p.strip())
     try:
-        path = quantize_checkpoint(args.model, out, exclude, args.dtype, args.force, args.kv_cache_dtype)
+        path = quantize_checkpoint(args.model, out, exclude, args.dtype, args.force, args.kv_cache_dtype,
+                                   method=args.method)
     except (OSError, ValueError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2

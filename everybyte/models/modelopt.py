@@ -17,6 +17,7 @@ from typing import Iterable, Iterator
 import torch
 
 from everybyte.formats.nvfp4 import AMAX_TO_SCALE
+from everybyte.formats.nvfp4_gptq import gptq_group
 from everybyte.formats.nvfp4_weights import PackedPart, quantize_group
 
 QUANT_ALGO = "NVFP4"
@@ -93,11 +94,12 @@ def _group_of(matrix: str) -> tuple[str, tuple[str, ...]] | None:
     return None
 
 
-def quantize_weights(weights: Iterable[tuple[str, torch.Tensor]], quantized, input_amax: dict[str, float] | None = None
-                     ) -> Iterator[tuple[str, torch.Tensor]]:
+def quantize_weights(weights: Iterable[tuple[str, torch.Tensor]], quantized, input_amax: dict[str, float] | None = None,
+                     hessians: dict[str, torch.Tensor] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """Float (HF name, tensor) -> the same with every matrix for which quantized(matrix name)
     holds replaced by its NVFP4 tensors; members of a fused group wait for each other and share
-    one tensor scale. input_amax: matrix name -> its input's amax (gives input_scale)."""
+    one tensor scale. input_amax: matrix name -> its input's amax (gives input_scale);
+    hessians: matrix name -> its input Hessian (GPTQ rounding; round-to-nearest without)."""
     waiting: dict[str, dict[str, torch.Tensor]] = {}
     for name, w in weights:
         matrix, _, suffix = name.rpartition(".")
@@ -115,7 +117,9 @@ def quantize_weights(weights: Iterable[tuple[str, torch.Tensor]], quantized, inp
                 continue
             members = {f"{prefix}.{leaf}": waiting[key][f"{prefix}.{leaf}"] for leaf in leaves}
             del waiting[key]
-        parts = quantize_group([(f"{m}.weight", t) for m, t in members.items()])
+        named = [(f"{m}.weight", t) for m, t in members.items()]
+        h = (hessians or {}).get(next(iter(members)))
+        parts = quantize_group(named) if h is None else gptq_group(named, h)
         for (m, _), part in zip(members.items(), parts):
             if input_amax and m in input_amax:
                 part.input_scale = input_amax[m] / AMAX_TO_SCALE

@@ -4,19 +4,10 @@ rotation of queries and outputs and the exact-tail overlay inside the kernel. Re
 it does not apply (another format or device, no C compiler), and the torch path runs."""
 from __future__ import annotations
 
-import ctypes
-
 import torch
 
 from everybyte.formats.kv_layout import hadamard
 from everybyte.models import native_ops
-
-_I64, _F32 = ctypes.c_int64, ctypes.c_float
-
-
-def _ptr(t: torch.Tensor | None):
-    return None if t is None else ctypes.c_void_p(t.data_ptr())
-
 
 def nvfp4_decode(q: torch.Tensor, cache, block_tables: torch.Tensor, lens: torch.Tensor, scale: float,
                  tails, rotate: bool) -> torch.Tensor | None:
@@ -42,9 +33,10 @@ def nvfp4_decode(q: torch.Tensor, cache, block_tables: torch.Tensor, lens: torch
     tables = block_tables.contiguous()
     out = torch.empty_like(q)
     h = hadamard(D, torch.float32, "cpu") if rotate else None
+    ptr = lambda t: None if t is None else t.data_ptr()
     native_ops.lib().nvfp4_decode_attention(
-        _ptr(q), _ptr(out), ctypes.c_int(q.dtype is torch.bfloat16), _I64(B), _I64(hq), _I64(kd.shape[2]), _I64(D),
-        _ptr(kd), _ptr(ks), _ptr(vd), _ptr(vs), _F32(cache.k_scale), _F32(cache.v_scale), _I64(cache.block_size),
-        _ptr(tables), _I64(tables.shape[1]), _ptr(lens), _ptr(tail_k), _ptr(tail_v), _ptr(slots), _ptr(own),
-        _I64(span), _ptr(h), _F32(scale), ctypes.c_int(torch.get_num_threads()))
+        q.data_ptr(), out.data_ptr(), int(q.dtype is torch.bfloat16), B, hq, kd.shape[2], D, kd.data_ptr(),
+        ks.data_ptr(), vd.data_ptr(), vs.data_ptr(), cache.k_scale, cache.v_scale, cache.block_size,
+        tables.data_ptr(), tables.shape[1], lens.data_ptr(), ptr(tail_k), ptr(tail_v), slots.data_ptr(),
+        own.data_ptr(), span, ptr(h), scale, torch.get_num_threads())
     return out

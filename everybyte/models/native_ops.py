@@ -17,6 +17,12 @@ _error: str | None = None
 def build(flags: list[str] | None = None) -> ctypes.CDLL:
     lib = loader.load("nvfp4_ops", loader.csrc(*SOURCES), flags=flags or FLAGS)
     lib.nvfp4_init.restype = lib.nvfp4_linear.restype = lib.nvfp4_decode_attention.restype = None
+    # declared, so a call converts plain ints without building ctypes objects (~120 calls a decode step)
+    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.nvfp4_linear.argtypes = [p, i32, i64, i64, i64, p, p, p, p, p, p, i32, i32]
+    f32 = ctypes.c_float
+    lib.nvfp4_decode_attention.argtypes = [p, p, i32, i64, i64, i64, i64, p, p, p, p, f32, f32, i64, p, i64, p, p, p,
+                                           p, p, i64, p, f32, i32]
     lib.nvfp4_init()
     return lib
 

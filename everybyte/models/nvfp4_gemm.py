@@ -43,7 +43,7 @@ class PackedWeight:
         self._c = ((ctypes.c_int64 * n)(*(p.data.data_ptr() for p in parts)),
                    (ctypes.c_int64 * n)(*(p.scales.data_ptr() for p in parts)),
                    (ctypes.c_float * n)(*(p.global_scale for p in parts)),
-                   (ctypes.c_int64 * n)(*(p.rows for p in parts)), ctypes.c_int64(n))
+                   (ctypes.c_int64 * n)(*(p.rows for p in parts)), n)
 
     @property
     def nbytes(self) -> int:
@@ -111,11 +111,10 @@ def fused_linear(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None = N
     out = torch.empty(m, w.out_features, dtype=x.dtype)
     if bias is not None:
         bias = bias.float().contiguous()
-    bf16 = ctypes.c_int(x.dtype is torch.bfloat16)
+    bf16 = int(x.dtype is torch.bfloat16)
     q, s, gs, rows, nseg = w._c
-    lib.nvfp4_linear(ctypes.c_void_p(x.data_ptr()), bf16, ctypes.c_int64(m), ctypes.c_int64(w.in_features), nseg,
-                     q, s, gs, rows, None if bias is None else ctypes.c_void_p(bias.data_ptr()),
-                     ctypes.c_void_p(out.data_ptr()), bf16, ctypes.c_int(torch.get_num_threads()))
+    lib.nvfp4_linear(x.data_ptr(), bf16, m, w.in_features, nseg, q, s, gs, rows,
+                     None if bias is None else bias.data_ptr(), out.data_ptr(), bf16, torch.get_num_threads())
     return out
 
 

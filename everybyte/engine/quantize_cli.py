@@ -50,13 +50,35 @@ def gptq_calibration_ids(tokenizer, n: int = GPTQ_TOKENS) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)[:n]
 
 
-def hessians(loaded, ids: list[int]) -> dict[str, "torch.Tensor"]:
-    """HF matrix name -> sum of x x^T over its inputs on `ids` (float64); the tied embedding's is
-    the final norm's output (its input as the LM head)."""
+def _forward_with_inputs(loaded, ids: list[int], on_input, on_head_input=None):
+    """One calibration forward over ids (the engine's calibrate_kv_amax pass, whose per-layer K/V
+    amax it returns); on_input(HF matrix names, x) sees every Linear's input, on_head_input(x) the
+    tied LM head's (the final norm's output)."""
     import torch
     from everybyte.engine.model_runner import calibrate_kv_amax
     from everybyte.models.llama import Linear
-    lm, h, hooks = loaded.model, {}, []
+    lm, hooks = loaded.model, []
+    for name, mod in lm.named_modules():
+        if isinstance(mod, Linear):
+            parts = [p for p, _ in lm.linear_parts(name)]
+            hooks.append(mod.register_forward_pre_hook(lambda _, args, parts=parts: on_input(parts, args[0])))
+    if on_head_input is not None and lm.lm_head is None:
+        hooks.append(lm.model.norm.register_forward_hook(
+            lambda _, args, out: on_head_input(out[0] if isinstance(out, tuple) else out)))
+    mc = loaded.config
+    try:
+        with torch.inference_mode():
+            return calibrate_kv_amax(lm, [(mc.num_key_value_heads, mc.head_dim)] * mc.num_hidden_layers,
+                                     ids[:mc.max_position_embeddings])
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def hessians(loaded, ids: list[int]) -> dict:
+    """HF matrix name -> sum of x x^T over its inputs on `ids` (float64); the tied embedding's is
+    the final norm's output (its input as the LM head)."""
+    h = {}
 
     def add(names, x):
         x = x.detach().reshape(-1, x.shape[-1]).double()
@@ -64,45 +86,21 @@ def hessians(loaded, ids: list[int]) -> dict[str, "torch.Tensor"]:
         for name in names:
             h[name] = h[name] + xx if name in h else xx
 
-    for name, mod in lm.named_modules():
-        if isinstance(mod, Linear):
-            parts = [p for p, _ in lm.linear_parts(name)]
-            hooks.append(mod.register_forward_pre_hook(lambda _, args, parts=parts: add(parts, args[0])))
-    if lm.lm_head is None:
-        hooks.append(lm.model.norm.register_forward_hook(
-            lambda _, args, out: add(["model.embed_tokens"], out[0] if isinstance(out, tuple) else out)))
-    mc = loaded.config
-    try:
-        with torch.inference_mode():
-            calibrate_kv_amax(lm, [(mc.num_key_value_heads, mc.head_dim)] * mc.num_hidden_layers,
-                              ids[:mc.max_position_embeddings])
-    finally:
-        for hook in hooks:
-            hook.remove()
+    _forward_with_inputs(loaded, ids, add, lambda x: add(["model.embed_tokens"], x))
     return h
 
 
 def calibrate(loaded) -> tuple[dict[str, float], tuple[list[float], list[float]]]:
     """(HF matrix name -> its input's amax, per-layer (K amax, V amax)) from one calibration pass."""
-    import torch
-    from everybyte.engine.model_runner import CALIBRATION_TEXT, calibrate_kv_amax
-    from everybyte.models.llama import Linear
-    lm, amax, hooks = loaded.model, {}, []
-    for name, mod in lm.named_modules():
-        if isinstance(mod, Linear):
-            def hook(_, args, parts=lm.linear_parts(name)):
-                a = float(args[0].detach().abs().max())
-                for part, _ in parts:
-                    amax[part] = max(amax.get(part, 0.0), a)
-            hooks.append(mod.register_forward_pre_hook(hook))
-    mc = loaded.config
-    try:
-        with torch.inference_mode():
-            kv = calibrate_kv_amax(lm, [(mc.num_key_value_heads, mc.head_dim)] * mc.num_hidden_layers,
-                                   loaded.tokenizer.encode(CALIBRATION_TEXT)[:mc.max_position_embeddings])
-    finally:
-        for h in hooks:
-            h.remove()
+    from everybyte.engine.model_runner import CALIBRATION_TEXT
+    amax = {}
+
+    def record(names, x):
+        a = float(x.detach().abs().max())
+        for name in names:
+            amax[name] = max(amax.get(name, 0.0), a)
+
+    kv = _forward_with_inputs(loaded, loaded.tokenizer.encode(CALIBRATION_TEXT), record)
     return amax, kv
 
 
@@ -112,14 +110,12 @@ def quantize_checkpoint(model, out: str | Path, exclude: tuple[str, ...] = (), d
     """The checkpoint's KV scales are the ones the engine would derive from the calibration
     (amax * headroom rounded up to a power of two), so every process that loads it uses them."""
     from everybyte.kv.pool import pow2_ceil
-    from everybyte.models.hf_export import export_hf
+    from everybyte.models.hf_export import check_out_dir, export_hf
     from everybyte.models.kv_scales import KV_QUANT_ALGO, kv_scale_tensors
     from everybyte.models.loader import load_model
     from everybyte.models.modelopt import QuantConfig, quantize_weights
     from everybyte.models.nvfp4_linear import matches
-    out = Path(out).expanduser()
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
-        raise FileExistsError(f"{out} exists and is not empty; pass --force to replace it")
+    out = check_out_dir(out, force)             # before minutes of calibration, not after
     from everybyte.models.llama import Embedding, Linear
     loaded = load_model(model, dtype="fp32")
     if method not in METHODS:

@@ -38,9 +38,7 @@ def export_hf(model: str | os.PathLike | None, out_dir: str | os.PathLike, dtype
     dtype = resolve_dtype(dtype)
     if dtype not in DTYPE_NAMES:
         raise ValueError(f"unsupported dtype {dtype}; supported: fp32, fp16, bf16")
-    out = Path(out_dir).expanduser()
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
-        raise FileExistsError(f"{out} exists and is not empty; pass --force to replace it")
+    out = check_out_dir(out_dir, force)
     config, tokenizer, source = load_config_and_tokenizer(resolve_model_path(model))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -64,6 +62,14 @@ def export_hf(model: str | os.PathLike | None, out_dir: str | os.PathLike, dtype
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
+    return out
+
+
+def check_out_dir(out_dir: str | os.PathLike, force: bool) -> Path:
+    """The output directory as a Path; FileExistsError when it holds something and force is off."""
+    out = Path(out_dir).expanduser()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        raise FileExistsError(f"{out} exists and is not empty; pass --force to replace it")
     return out
 
 

@@ -1,4 +1,4 @@
-"""The C add+RMSNorm and RoPE (formats/layer_ops_c.py) against the torch forms they replace."""
+"""The C add+RMSNorm and RoPE (native/csrc/layer_ops.c) against the torch forms they replace."""
 import pytest
 import torch
 

@@ -1,7 +1,7 @@
 """Fused CPU kernels for the NVFP4 block codec: one pass over the data, C built on first use.
 
 The eager torch reference (nvfp4_blocks) makes a dozen passes over memory; these kernels
-(source in nvfp4_c) do each block of 16 in registers with the same IEEE float32 steps (no FMA
+(source in native/csrc: nvfp4_codec.c, nvfp4_kv.c) do each block of 16 in registers with the same IEEE float32 steps (no FMA
 contraction, no fast-math; E4M3 and E2M1 rounding on the bit patterns, nearest, ties to even),
 so their bytes are the reference's (tests/test_nvfp4.py checks it). Built by the native loader
 (everybyte/native/loader.py: system compiler, -march=native, OpenMP if it works, cached). `available()`
@@ -18,12 +18,7 @@ import torch
 
 from everybyte.native import loader
 
-from everybyte.formats.nvfp4_c import SOURCE as _NVFP4
-from everybyte.formats.block_copy_c import COPY_SOURCE
-from everybyte.formats.layer_ops_c import LAYER_SOURCE
-from everybyte.formats.nvfp4_kv_c import KV_SOURCE
-
-SOURCE = _NVFP4 + KV_SOURCE + LAYER_SOURCE + COPY_SOURCE
+SOURCES = ("nvfp4_codec.c", "nvfp4_kv.c", "layer_ops.c", "block_copy.c")     # native/csrc
 
 FLAGS = loader.FLAGS                # tests swap in other -march targets
 PARALLEL_MIN_BLOCKS = 1 << 14      # below this (256K values) one thread: no OpenMP wake-up latency
@@ -37,7 +32,7 @@ def _load() -> ctypes.CDLL | None:
     if _lib is not None or _error is not None:
         return _lib
     try:
-        lib = loader.load("nvfp4", SOURCE, flags=FLAGS)
+        lib = loader.load("nvfp4", loader.csrc(*SOURCES), flags=FLAGS)
         for name in ("init_tables", "quantize_f32", "quantize_bf16", "dequantize_f32", "dequantize_bf16",
                      "kv_write", "kv_gather", "add_rmsnorm_f32", "rope_f32", "copy_chunks"):
             getattr(lib, name).restype = None

@@ -52,60 +52,80 @@ static inline void axpy(float w, const float* row, int64_t D, float* acc) {
     for (int64_t i = 0; i < D; i += VW) vstore(acc + i, vfma(wv, vload(row + i), vload(acc + i)));
 }
 
+/* One layer's pool and the step's tables, as decode attention reads them. */
+typedef struct {
+    int bf16;                                /* q, out and the tails in bfloat16 (else float32) */
+    int64_t hq, hkv, D, bs, max_blocks, span;
+    const uint8_t *kd, *ks, *vd, *vs;
+    float k_scale, v_scale;
+    const int64_t *tables, *ctx, *slot, *own;
+    const void *tail_k, *tail_v;
+    const float* H;
+    float scale;
+} attn_args;
+
+/* The G = hq / hkv query heads of KV head h of sequence b: q_in, out [hq, D] rows of that sequence. */
+static void attend_group(const attn_args* a, int64_t b, int64_t h, const void* q_in, void* out) {
+    const int64_t G = a->hq / a->hkv, D = a->D, n = a->ctx[b], hkv = a->hkv, bf16 = a->bf16;
+    const int64_t tail0 = a->slot[b] >= 0 ? a->own[b] * a->span : n;
+    float* p = (float*)malloc(sizeof(float) * (G * n + G * D * 3 + D));
+    float *qr = p + G * n, *acc = qr + G * D, *tmp = acc + G * D, *row = tmp + G * D;
+    for (int64_t g = 0; g < G; g++) {
+        const int64_t qi = (h * G + g) * D;
+        load_row(bf16 ? (const void*)((const uint16_t*)q_in + qi) : (const void*)((const float*)q_in + qi), bf16, D, tmp);
+        if (a->H) rotate(tmp, a->H, D, qr + g * D); else memcpy(qr + g * D, tmp, sizeof(float) * D);
+        for (int64_t i = 0; i < D; i++) qr[g * D + i] *= a->scale;
+    }
+    for (int pass = 0; pass < 2; pass++) {           /* 0: scores, 1: weighted values */
+        const uint8_t *d = pass ? a->vd : a->kd, *sc = pass ? a->vs : a->ks;
+        const void* tail = pass ? a->tail_v : a->tail_k;
+        const float s = pass ? a->v_scale : a->k_scale;
+        for (int64_t t = 0; t < n; t++) {
+            if (t >= tail0) {
+                int64_t at = ((a->slot[b] * a->span + (t - tail0)) * hkv + h) * D;
+                load_row(bf16 ? (const void*)((const uint16_t*)tail + at) : (const void*)((const float*)tail + at),
+                         bf16, D, row);
+            } else {
+                kv_row(d, sc, a->tables[b * a->max_blocks + t / a->bs], t % a->bs, hkv, h, D, a->bs, s, row);
+            }
+            if (!pass) {
+                for (int64_t g = 0; g < G; g++) p[g * n + t] = dot(qr + g * D, row, D);
+            } else {
+                for (int64_t g = 0; g < G; g++) axpy(p[g * n + t], row, D, acc + g * D);
+            }
+        }
+        if (!pass) {                                  /* softmax over each query head's scores */
+            for (int64_t g = 0; g < G; g++) {
+                float m = -INFINITY, sum = 0.0f;
+                for (int64_t t = 0; t < n; t++) m = fmaxf(m, p[g * n + t]);
+                for (int64_t t = 0; t < n; t++) { p[g * n + t] = expf(p[g * n + t] - m); sum += p[g * n + t]; }
+                for (int64_t t = 0; t < n; t++) p[g * n + t] /= sum;
+            }
+            memset(acc, 0, sizeof(float) * G * D);
+        }
+    }
+    for (int64_t g = 0; g < G; g++) {
+        float* res = tmp;
+        if (a->H) rotate(acc + g * D, a->H, D, res); else res = acc + g * D;
+        const int64_t oi = (h * G + g) * D;
+        if (bf16) for (int64_t i = 0; i < D; i++) ((uint16_t*)out)[oi + i] = f32_to_bf16(res[i]);
+        else memcpy((float*)out + oi, res, sizeof(float) * D);
+    }
+    free(p);
+}
+
 /* D > 256 (no such model here) would overflow rotate's accumulators: the caller checks */
 void nvfp4_decode_attention(const void* q_in, void* out, int bf16, int64_t B, int64_t hq, int64_t hkv, int64_t D,
                             const uint8_t* kd, const uint8_t* ks, const uint8_t* vd, const uint8_t* vs,
                             float k_scale, float v_scale, int64_t bs, const int64_t* tables, int64_t max_blocks,
                             const int64_t* ctx, const void* tail_k, const void* tail_v, const int64_t* slot,
                             const int64_t* own, int64_t span, const float* H, float scale, int nt) {
-    const int64_t G = hq / hkv;
+    const attn_args a = {bf16, hq, hkv, D, bs, max_blocks, span, kd, ks, vd, vs, k_scale, v_scale, tables, ctx,
+                         slot, own, tail_k, tail_v, H, scale};
+    const int64_t es = bf16 ? 2 : 4;
     #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
     for (int64_t task = 0; task < B * hkv; task++) {
-        const int64_t b = task / hkv, h = task % hkv, n = ctx[b];
-        const int64_t tail0 = slot[b] >= 0 ? own[b] * span : n;
-        float* p = (float*)malloc(sizeof(float) * (G * n + G * D * 3 + D));
-        float *qr = p + G * n, *acc = qr + G * D, *tmp = acc + G * D, *row = tmp + G * D;
-        for (int64_t g = 0; g < G; g++) {
-            const int64_t qi = (b * hq + h * G + g) * D;
-            load_row(bf16 ? (const void*)((const uint16_t*)q_in + qi) : (const void*)((const float*)q_in + qi), bf16, D, tmp);
-            if (H) rotate(tmp, H, D, qr + g * D); else memcpy(qr + g * D, tmp, sizeof(float) * D);
-            for (int64_t i = 0; i < D; i++) qr[g * D + i] *= scale;
-        }
-        for (int pass = 0; pass < 2; pass++) {           /* 0: scores, 1: weighted values */
-            const uint8_t *d = pass ? vd : kd, *sc = pass ? vs : ks;
-            const void* tail = pass ? tail_v : tail_k;
-            const float s = pass ? v_scale : k_scale;
-            for (int64_t t = 0; t < n; t++) {
-                if (t >= tail0) {
-                    int64_t at = ((slot[b] * span + (t - tail0)) * hkv + h) * D;
-                    load_row(bf16 ? (const void*)((const uint16_t*)tail + at) : (const void*)((const float*)tail + at),
-                             bf16, D, row);
-                } else {
-                    kv_row(d, sc, tables[b * max_blocks + t / bs], t % bs, hkv, h, D, bs, s, row);
-                }
-                if (!pass) {
-                    for (int64_t g = 0; g < G; g++) p[g * n + t] = dot(qr + g * D, row, D);
-                } else {
-                    for (int64_t g = 0; g < G; g++) axpy(p[g * n + t], row, D, acc + g * D);
-                }
-            }
-            if (!pass) {                                  /* softmax over each query head's scores */
-                for (int64_t g = 0; g < G; g++) {
-                    float m = -INFINITY, sum = 0.0f;
-                    for (int64_t t = 0; t < n; t++) m = fmaxf(m, p[g * n + t]);
-                    for (int64_t t = 0; t < n; t++) { p[g * n + t] = expf(p[g * n + t] - m); sum += p[g * n + t]; }
-                    for (int64_t t = 0; t < n; t++) p[g * n + t] /= sum;
-                }
-                memset(acc, 0, sizeof(float) * G * D);
-            }
-        }
-        for (int64_t g = 0; g < G; g++) {
-            float* res = tmp;
-            if (H) rotate(acc + g * D, H, D, res); else res = acc + g * D;
-            const int64_t oi = (b * hq + h * G + g) * D;
-            if (bf16) for (int64_t i = 0; i < D; i++) ((uint16_t*)out)[oi + i] = f32_to_bf16(res[i]);
-            else memcpy((float*)out + oi, res, sizeof(float) * D);
-        }
-        free(p);
+        const int64_t b = task / hkv, h = task % hkv;
+        attend_group(&a, b, h, (const char*)q_in + b * hq * D * es, (char*)out + b * hq * D * es);
     }
 }

@@ -77,14 +77,52 @@ static void tile_any_bf16(const uint8_t* q, const uint8_t* s, int64_t K, int nr,
                           float* dst, int64_t ldd) { (void)q; (void)s; (void)K; (void)nr; (void)x; (void)mr; (void)dst; (void)ldd; }
 #endif
 
-/* x: M x K float32 (or bfloat16 when x_bf16), out: M x N float32 (or bfloat16), N = sum(rows).
- * Segment i: codes q[i], scales s[i] (addresses), rows[i] rows, decode-form scale gs[i].
- * bias: N floats or NULL. nt: threads. */
+/* A packed weight as the kernels take it: nseg segments of rows, each with its codes q[i] and
+ * scales s[i] (addresses), rows[i] rows and decode-form scale gs[i]; bias: N floats or NULL. */
+typedef struct {
+    int64_t nseg;
+    const int64_t *q, *s;
+    const float* gs;
+    const int64_t* rows;
+    const float* bias;
+} nvfp4_weight;
+
+static int64_t weight_tiles(const nvfp4_weight* w, int64_t* N) {
+    int64_t tiles = 0;
+    *N = 0;
+    for (int64_t i = 0; i < w->nseg; i++) { *N += w->rows[i]; tiles += (w->rows[i] + NR - 1) / NR; }
+    return tiles;
+}
+
+/* output tile t (up to NR rows of one segment) for all M activation rows: x float32, or xb
+ * bfloat16 taken by the bf16 dot products when not NULL; res [M, N] float32 */
+static void linear_tile(const nvfp4_weight* w, int64_t K, int64_t N, int64_t t, const float* x, const uint16_t* xb,
+                        int64_t M, float* res) {
+    int64_t seg = 0, t0 = 0, n0 = 0;               /* the segment of tile t, its first tile and row */
+    while ((w->rows[seg] + NR - 1) / NR <= t - t0) { t0 += (w->rows[seg] + NR - 1) / NR; n0 += w->rows[seg]; seg++; }
+    int64_t r0 = (t - t0) * NR;
+    int nr = (int)(w->rows[seg] - r0 < NR ? w->rows[seg] - r0 : NR);
+    const uint8_t* qs = (const uint8_t*)(intptr_t)w->q[seg] + r0 * (K / 2);
+    const uint8_t* ss = (const uint8_t*)(intptr_t)w->s[seg] + r0 * (K / 16);
+    for (int64_t m0 = 0; m0 < M; m0 += MR) {
+        int mr = (int)(M - m0 < MR ? M - m0 : MR);
+        float* d = res + m0 * N + n0 + r0;
+        if (xb) tile_any_bf16(qs, ss, K, nr, xb + m0 * K, mr, d, N);
+        else tile_any(qs, ss, K, nr, x + m0 * K, mr, d, N);
+        for (int m = 0; m < mr; m++)
+            for (int r = 0; r < nr; r++)
+                d[m * N + r] = d[m * N + r] * w->gs[seg] + (w->bias ? w->bias[n0 + r0 + r] : 0.0f);
+    }
+}
+
+/* x: M x K float32 (or bfloat16 when x_bf16), out: M x N float32 (or bfloat16), N = sum(rows);
+ * the weight's fields as nvfp4_weight's. nt: threads. */
 void nvfp4_linear(const void* x_in, int x_bf16, int64_t M, int64_t K, int64_t nseg, const int64_t* q,
                   const int64_t* s, const float* gs, const int64_t* rows, const float* bias, void* out,
                   int out_bf16, int nt) {
-    int64_t N = 0, tiles = 0;
-    for (int64_t i = 0; i < nseg; i++) { N += rows[i]; tiles += (rows[i] + NR - 1) / NR; }
+    const nvfp4_weight w = {nseg, q, s, gs, rows, bias};
+    int64_t N;
+    const int64_t tiles = weight_tiles(&w, &N);
     const float* x = (const float*)x_in;
     float* xf = NULL;
     /* bf16 dot products on bf16 x: twice the multiply-adds an instruction, which pays from batches
@@ -98,23 +136,7 @@ void nvfp4_linear(const void* x_in, int x_bf16, int64_t M, int64_t K, int64_t ns
     float* res = out_bf16 ? (float*)malloc(sizeof(float) * M * N) : (float*)out;
     (void)nt;
     #pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t t = 0; t < tiles; t++) {
-        int64_t seg = 0, t0 = 0, n0 = 0;               /* the segment of tile t, its first tile and row */
-        while ((rows[seg] + NR - 1) / NR <= t - t0) { t0 += (rows[seg] + NR - 1) / NR; n0 += rows[seg]; seg++; }
-        int64_t r0 = (t - t0) * NR;
-        int nr = (int)(rows[seg] - r0 < NR ? rows[seg] - r0 : NR);
-        const uint8_t* qs = (const uint8_t*)(intptr_t)q[seg] + r0 * (K / 2);
-        const uint8_t* ss = (const uint8_t*)(intptr_t)s[seg] + r0 * (K / 16);
-        for (int64_t m0 = 0; m0 < M; m0 += MR) {
-            int mr = (int)(M - m0 < MR ? M - m0 : MR);
-            float* d = res + m0 * N + n0 + r0;
-            if (dot16) tile_any_bf16(qs, ss, K, nr, (const uint16_t*)x_in + m0 * K, mr, d, N);
-            else tile_any(qs, ss, K, nr, x + m0 * K, mr, d, N);
-            for (int m = 0; m < mr; m++)
-                for (int r = 0; r < nr; r++)
-                    d[m * N + r] = d[m * N + r] * gs[seg] + (bias ? bias[n0 + r0 + r] : 0.0f);
-        }
-    }
+    for (int64_t t = 0; t < tiles; t++) linear_tile(&w, K, N, t, x, dot16 ? (const uint16_t*)x_in : NULL, M, res);
     if (out_bf16) {
         for (int64_t i = 0; i < M * N; i++) ((uint16_t*)out)[i] = f32_to_bf16(res[i]);
         free(res);

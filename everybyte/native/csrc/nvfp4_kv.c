@@ -1,13 +1,11 @@
-"""C source of the NVFP4 KV cache kernels (appended to nvfp4_c.SOURCE, built by `cpu_kernels`).
-
-kv_write: each new token's K (or V) blocks of 16 are encoded with the best of several block
-scales (least squared error, first best on ties) and stored straight into the pool's slots.
-kv_gather: the blocks of a list of pool block ids dequantized into one contiguous tensor.
-Both take the same IEEE float32 steps as the torch reference in formats.nvfp4_kv (the squared
-error summed as a halving tree), so their bytes are the reference's (tests/test_nvfp4_kv.py).
-"""
-
-KV_SOURCE = r"""
+/* The NVFP4 KV cache kernels (after nvfp4_codec.c in one translation unit; formats/cpu_kernels.py).
+ *
+ * kv_write: each new token's K (or V) blocks of 16 are encoded with the best of several block
+ * scales (least squared error, first best on ties) and stored straight into the pool's slots.
+ * kv_gather: the blocks of a list of pool block ids dequantized into one contiguous tensor.
+ * Both take the same IEEE float32 steps as the torch reference in formats.nvfp4_kv (the squared
+ * error summed as a halving tree), so their bytes are the reference's (tests/test_nvfp4_kv.py).
+ */
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif
@@ -99,4 +97,3 @@ void kv_gather(const uint8_t* data, const uint8_t* scales, const int64_t* ids, i
         }
     }
 }
-"""

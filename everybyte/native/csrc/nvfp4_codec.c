@@ -1,11 +1,9 @@
-"""C source of the fused NVFP4 CPU kernels (built and called by `cpu_kernels`).
-
-AVX-512 intrinsics where the compiler targets them (a transposing max tree for 16 block scales
-at once, boundary-bucket lookup for the codes, a permute lookup for decoding), portable GCC
-vector extensions otherwise; both give the torch reference's bytes (tests/test_nvfp4.py).
-"""
-
-SOURCE = r"""
+/* The fused NVFP4 block codec for CPU (formats/cpu_kernels.py builds and calls it).
+ *
+ * AVX-512 intrinsics where the compiler targets them (a transposing max tree for 16 block scales
+ * at once, boundary-bucket lookup for the codes, a permute lookup for decoding), portable GCC
+ * vector extensions otherwise; both give the torch reference's bytes (tests/test_nvfp4.py).
+ */
 #include <stdint.h>
 #include <string.h>
 #define CH 64                                /* blocks per chunk: 4 KiB of float32, stays in L1 */
@@ -262,4 +260,3 @@ void dequantize_bf16(const uint8_t* packed, const uint8_t* scales, int64_t nb, c
     #pragma omp parallel for num_threads(nt) schedule(dynamic, 1024)
     for (int64_t b = 0; b < nb; b++) dequant_block_bf16(packed + 8 * b, e4m3[scales[b]], s[b * ss], out + 16 * b);
 }
-"""

@@ -1,17 +1,15 @@
-"""C source of a strided byte-chunk copy (appended to the CPU kernel library by `cpu_kernels`).
-
-Moving KV blocks between a tier's buffers and the device pool copies thousands of 1-2 KiB
-chunks (one per layer field and block) whose bytes are not read again soon. Streaming
-(non-temporal) stores skip the cache, so the CPU does not first read every destination line:
-1.5x a plain memcpy's speed on a 13 MB batch here, against 0.67x for torch's strided copy_.
-Threads split the blocks; each thread fences its streaming stores before the call returns.
-read_pieces: a disk tier's ranged read, back-to-back reads without the GIL, reporting through an
-eb_progress (mutex, condition, counters) that the consumer waits on, also without the GIL: a
-reader that takes the GIL between reads waits for it whenever another thread runs Python (up to
-the 5 ms switch interval; measured: 1.9 -> 0.17 GB/s next to a busy Python thread).
-"""
-
-COPY_SOURCE = r"""
+/* A strided byte-chunk copy and a ranged disk reader (in the codec library, formats/cpu_kernels.py).
+ *
+ * Moving KV blocks between a tier's buffers and the device pool copies thousands of 1-2 KiB
+ * chunks (one per layer field and block) whose bytes are not read again soon. Streaming
+ * (non-temporal) stores skip the cache, so the CPU does not first read every destination line:
+ * 1.5x a plain memcpy's speed on a 13 MB batch here, against 0.67x for torch's strided copy_.
+ * Threads split the blocks; each thread fences its streaming stores before the call returns.
+ * read_pieces: a disk tier's ranged read, back-to-back reads without the GIL, reporting through an
+ * eb_progress (mutex, condition, counters) that the consumer waits on, also without the GIL: a
+ * reader that takes the GIL between reads waits for it whenever another thread runs Python (up to
+ * the 5 ms switch interval; measured: 1.9 -> 0.17 GB/s next to a busy Python thread).
+ */
 #if defined(__AVX__) || defined(__SSE2__)
 #include <immintrin.h>
 #endif
@@ -147,4 +145,3 @@ void read_pieces(int fd, const int64_t* pieces, int64_t npieces, uint8_t* buf, i
     }
     progress_end(p, got, err);
 }
-"""

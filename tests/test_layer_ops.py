@@ -56,3 +56,27 @@ def test_add_rmsnorm_kernel_matches_torch(rows):
     torch.testing.assert_close(norm(x), norm.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)),
                                atol=1e-5, rtol=1e-5)
     assert not llama._fused(x.view(rows, 9, 64), None, norm.weight)       # 3-D (q/k norms): torch
+
+
+@pytest.mark.parametrize("rows", [1, 5, 64])
+def test_silu_mul_kernel_matches_torch(rows):
+    from everybyte.models import native_ops
+    if native_ops.lib() is None:
+        pytest.skip("no model-op kernels")
+    g = torch.Generator().manual_seed(rows)
+    gu = torch.randn(rows, 2 * 1536, generator=g) * 4
+    gate, up = gu.chunk(2, dim=-1)
+    got = native_ops.silu_mul(gu)
+    torch.testing.assert_close(got, torch.nn.functional.silu(gate) * up, rtol=2e-6, atol=1e-6)
+    assert native_ops.silu_mul(gu.to(torch.bfloat16)) is None             # not float32: the caller's torch path
+
+
+@pytest.mark.parametrize("shape", [(1, 3, 64), (32, 3, 64), (4, 2, 128)])
+def test_rotation_kernel_matches_matmul(shape):
+    from everybyte.formats.kv_layout import hadamard
+    from everybyte.models import native_ops
+    if native_ops.lib() is None:
+        pytest.skip("no model-op kernels")
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(shape[0]))
+    h = hadamard(shape[-1], torch.float32, "cpu")
+    torch.testing.assert_close(native_ops.rotate_rows(x, h), x @ h, rtol=1e-5, atol=1e-5)

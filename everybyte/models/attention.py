@@ -7,8 +7,12 @@ import torch
 import torch.nn.functional as F
 
 from everybyte.formats.kv_layout import KVFormat, hadamard
+from everybyte.models import native_ops
 from everybyte.models.decode_attention import nvfp4_decode
 from everybyte.models.own_block_attention import own_block_attention
+
+
+ROTATE_C_MAX_ROWS = 32     # larger (prefill) batches rotate by matmul
 
 
 @dataclass
@@ -48,7 +52,7 @@ def _attend(q, k, v, cache: LayerKVCache, meta: AttentionMetadata, scale: float,
     """h: the format's rotation (KV stored as x @ h). Decode rotates its queries and outputs; a
     prefill chunk does the same, or, when its context is short next to its queries (a first chunk),
     rotates the gathered K/V back instead, which costs fewer matmul rows."""
-    kr, vr = (k, v) if h is None else (k @ h, v @ h)
+    kr, vr = (k, v) if h is None else (_rotate(k, h), _rotate(v, h))
     cache.fmt.write_kv(cache.k, cache.v, meta.slot_mapping, kr, vr, cache.k_scale, cache.v_scale)
     tails = meta.tail_slots is not None and cache.tail_k is not None
     span = cache.tail_k.shape[1] if tails else cache.block_size
@@ -86,6 +90,16 @@ def _attend(q, k, v, cache: LayerKVCache, meta: AttentionMetadata, scale: float,
         else:
             out[start:start + n] = rot(_prefill(rot(chunk), cache, meta.block_tables[row], ctx, scale, own))
     return out
+
+
+def _rotate(x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """x @ h; for the few rows of a decode step on CPU in float32 the C rotation, which the fused
+    decode step (models/decode_step) also takes, so the two write the same KV bytes."""
+    if x.shape[0] <= ROTATE_C_MAX_ROWS and x.dtype is torch.float32 and x.device.type == "cpu":
+        out = native_ops.rotate_rows(x.contiguous(), h)
+        if out is not None:
+            return out
+    return x @ h
 
 
 def _tail_index(meta: AttentionMetadata, bs: int, device):

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from everybyte.formats import cpu_kernels
-from everybyte.models import gemm
+from everybyte.models import decode_step, gemm, native_ops
 from everybyte.models.attention import AttentionMetadata, LayerKVCache, paged_attention
 from everybyte.models.config import ModelConfig
 from everybyte.models.nvfp4_linear import SUFFIXES, PackedModule
@@ -116,8 +116,12 @@ class MLP(nn.Module):
         return self.intermediate_size, self.intermediate_size
 
     def forward(self, x):
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        gate_up = self.gate_up_proj(x)
+        act = native_ops.silu_mul(gate_up) if x.dim() == 2 else None      # one C pass on float32 CPU rows
+        if act is None:
+            gate, up = gate_up.chunk(2, dim=-1)
+            act = F.silu(gate) * up
+        return self.down_proj(act)
 
 
 class DecoderLayer(nn.Module):
@@ -147,6 +151,8 @@ class Model(nn.Module):
 
 
 class CausalLM(nn.Module):
+    fused_decode = True      # decode-only steps through models/decode_step where it applies (False: per op)
+
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32):
         super().__init__()
         self.config, self.dtype = config, dtype
@@ -159,6 +165,10 @@ class CausalLM(nn.Module):
                 kv_caches: list[LayerKVCache]) -> torch.Tensor:
         if len(kv_caches) != len(self.model.layers):
             raise ValueError(f"need {len(self.model.layers)} layer KV caches, got {len(kv_caches)}")
+        if self.fused_decode:
+            fused = decode_step.run(self, input_ids, positions, meta, kv_caches)
+            if fused is not None:
+                return fused
         h, residual = self.model.embed_tokens(input_ids), None
         for layer, cache in zip(self.model.layers, kv_caches):
             h, residual = layer(positions, h, residual, self.rotary, cache, meta)

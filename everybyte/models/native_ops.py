@@ -1,4 +1,5 @@
-"""The model ops' C library (native/csrc: nvfp4_simd.h, nvfp4_gemm.c, decode_attention.c), built
+"""The model ops' C library (native/csrc: the NVFP4 GEMM, decode attention and the fused decode
+step, with the KV codec and layer ops they call), built
 once by the native loader; None (and a warning saying why) where it cannot be built, and the
 callers then take their torch reference paths."""
 from __future__ import annotations
@@ -6,10 +7,14 @@ from __future__ import annotations
 import ctypes
 import warnings
 
+import torch
+
 from everybyte.native import loader
 
-SOURCES = ("nvfp4_simd.h", "nvfp4_gemm.c", "decode_attention.c")
+SOURCES = ("nvfp4_simd.h", "nvfp4_codec.c", "nvfp4_kv.c", "layer_ops.c", "nvfp4_gemm.c", "decode_attention.c",
+           "decode_step.c")
 FLAGS = loader.FLAGS                 # tests swap in other -march targets
+PARALLEL_MIN = 1 << 16
 _lib: ctypes.CDLL | None = None
 _error: str | None = None
 
@@ -23,7 +28,11 @@ def build(flags: list[str] | None = None) -> ctypes.CDLL:
     f32 = ctypes.c_float
     lib.nvfp4_decode_attention.argtypes = [p, p, i32, i64, i64, i64, i64, p, p, p, p, f32, f32, i64, p, i64, p, p, p,
                                            p, p, i64, p, f32, i32]
+    lib.init_tables.restype = lib.silu_mul_f32.restype = lib.rotate_rows_f32.restype = None
+    lib.silu_mul_f32.argtypes = [p, i64, i64, p, i32]
+    lib.rotate_rows_f32.argtypes = [p, i64, p, i64, p, i32]
     lib.nvfp4_init()
+    lib.init_tables()
     return lib
 
 
@@ -41,3 +50,33 @@ def lib() -> ctypes.CDLL | None:
 def error() -> str | None:
     lib()
     return _error
+
+
+def _f32_cpu(*ts: torch.Tensor) -> bool:
+    return all(t.dtype is torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in ts)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
+    """silu(gate) * up of [rows, 2 * inter] ([gate | up]) float32 CPU rows; None: not applicable."""
+    if gate_up.dim() != 2 or not _f32_cpu(gate_up) or lib() is None:
+        return None
+    rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
+    out = torch.empty(rows, inter)
+    _lib.silu_mul_f32(gate_up.data_ptr(), rows, inter, out.data_ptr(), _threads(rows * inter))
+    return out
+
+
+def rotate_rows(x: torch.Tensor, h: torch.Tensor) -> torch.Tensor | None:
+    """x @ h over the last dim (D <= 256, a multiple of 16) for float32 CPU tensors; None: not applicable."""
+    D = h.shape[0]
+    if not _f32_cpu(x, h) or x.shape[-1] != D or D % 16 or D > 256 or lib() is None:
+        return None
+    out = torch.empty_like(x)
+    n = x.numel() // D
+    _lib.rotate_rows_f32(x.data_ptr(), n, h.data_ptr(), D, out.data_ptr(), _threads(n * D * D // 16))
+    return out
+
+
+def _threads(work: int) -> int:
+    """All torch threads for at least PARALLEL_MIN (multiply-adds or elements), else one."""
+    return torch.get_num_threads() if work >= PARALLEL_MIN else 1

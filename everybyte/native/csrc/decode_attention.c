@@ -46,6 +46,12 @@ static void rotate(const float* x, const float* H, int64_t D, float* out) {
     for (int64_t j = 0; j < nv; j++) vstore(out + j * VW, acc[j]);
 }
 
+/* out[i] = x[i] @ H for n rows of D (the KV format's rotation, as decode_step.c does it) */
+void rotate_rows_f32(const float* x, int64_t n, const float* H, int64_t D, float* out, int nt) {
+    #pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t i = 0; i < n; i++) rotate(x + i * D, H, D, out + i * D);
+}
+
 /* acc += w * row over D values */
 static inline void axpy(float w, const float* row, int64_t D, float* acc) {
     vec wv = vbroadcast(w);

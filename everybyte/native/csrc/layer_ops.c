@@ -52,3 +52,16 @@ void rope_f32(const float* q, int64_t q_stride, int64_t hq, const float* k, int6
         }
     }
 }
+
+/* out[i, j] = silu(gu[i, j]) * gu[i, inter + j] for rows of [gate | up] (SiLU as x / (1 + e^-x)) */
+static inline void silu_mul_row(const float* gu, int64_t inter, float* out) {
+    for (int64_t j = 0; j < inter; j++) {
+        const float g = gu[j];
+        out[j] = g / (1.0f + expf(-g)) * gu[inter + j];
+    }
+}
+
+void silu_mul_f32(const float* gu, int64_t rows, int64_t inter, float* out, int nt) {
+    #pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t i = 0; i < rows; i++) silu_mul_row(gu + i * 2 * inter, inter, out + i * inter);
+}

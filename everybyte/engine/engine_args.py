@@ -30,10 +30,6 @@ def add_engine_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="fp8/nvfp4: quantize each sequence's last block too (no unquantized slot per sequence)")
     g.add_argument("--no-offload-on-park", action="store_true",
                    help="keep a parked session's KV on the device until G1 needs the room")
-    g.add_argument("--max-sessions", type=int, default=10000,
-                   help="agent sessions remembered; beyond it the least recently active is forgotten")
-    g.add_argument("--session-idle-timeout", type=float, default=3600.0,
-                   help="seconds without a request, park or resume after which a session is forgotten")
     return p
 
 
@@ -43,5 +39,4 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
             "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
             "device": args.device, "kv_tiers": args.kv_tiers,
             "enable_prefix_caching": not args.no_prefix_caching, "offload_on_park": not args.no_offload_on_park,
-            "kv_exact_tail": not args.no_kv_exact_tail, "max_sessions": args.max_sessions,
-            "session_idle_s": args.session_idle_timeout}
+            "kv_exact_tail": not args.no_kv_exact_tail}

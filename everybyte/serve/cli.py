@@ -26,6 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="on SIGTERM, seconds in-flight requests may run; then they are cut (streams end "
                         "with an error event and [DONE]) and the server exits")
+    p.add_argument("--max-sessions", type=int, default=10000,
+                   help="agent sessions remembered; beyond it the least recently active is forgotten")
+    p.add_argument("--session-idle-timeout", type=float, default=3600.0,
+                   help="seconds without a request, park or resume after which a session is forgotten")
     p.add_argument("--no-auto-park", action="store_true",
                    help="do not park a session when its chat turn ends in tool calls")
     p.add_argument("--log-level", default="info")
@@ -43,7 +47,8 @@ def make_app(args: argparse.Namespace):
         raise SystemExit("--cache-salt-from-api-key needs --api-key (one per tenant)")
     if not args.shutdown_timeout >= 0:
         raise SystemExit(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
-    engine = LLMEngine(args.model, **engine_kwargs(args))
+    engine = LLMEngine(args.model, **engine_kwargs(args), max_sessions=args.max_sessions,
+                       session_idle_s=args.session_idle_timeout)
     name = args.served_model_name or engine.model_config.model_id
     cfg = ServerConfig(model_name=name, max_model_len=engine.max_model_len,
                        vocab_size=engine.model_config.vocab_size, api_keys=keys,

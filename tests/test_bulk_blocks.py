@@ -259,3 +259,11 @@ def test_chunk_copy_kernel_matches_torch(dst_offset):
     assert torch.equal(dst, view) and int(pool[:dst_offset].sum()) == 0
     assert torch.count_nonzero(pool[dst_offset:].view(3, 12, 96)[:, :4]) == 0
     assert not cpu_kernels.copy_chunks(dst.float(), view.float())       # not bytes: the caller copies
+
+
+def test_loading_an_empty_batch_is_a_no_op():
+    """A batch whose every block came back corrupt (a Redis tier answers None for each) loads
+    nothing; it used to reach torch._foreach_copy_ with no tensors and raise."""
+    pool = random_pool()
+    assert pool_codec(pool).load_checked([], [], []) == (0, None)
+    pool_codec(pool).load([], [])

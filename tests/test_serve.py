@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import time
 
 import httpx
@@ -157,12 +158,13 @@ def test_64_concurrent_streaming_clients(server):
 
 
 def test_api_key_queue_limit_and_sigterm():
-    s = Server(*ENGINE, "--api-key", "sekrit", "--max-queue", "1")
+    s = Server(*ENGINE, "--api-key", "sekrit", "--max-queue", "1", "--shutdown-timeout", "2")
     try:
         e = _err(_post(s, "/v1/completions", {"prompt": "hi", "max_tokens": 2}), 401)
         assert e["type"] == "authentication_error"
         auth = {"authorization": "Bearer sekrit"}
         assert _post(s, "/v1/completions", {"prompt": "hi", "max_tokens": 2}, headers=auth).status_code == 200
+        assert _concurrent_streams(s, auth, 4) == [200, 429, 429, 429]
         with httpx.stream("POST", s.url + "/v1/completions", headers=auth, timeout=60,
                           json={"prompt": "Tell a long story.", "max_tokens": 1000, "ignore_eos": True,
                                 "stream": True}) as r:
@@ -172,8 +174,32 @@ def test_api_key_queue_limit_and_sigterm():
             assert s.metric("everybyte:num_requests_running") == 1
             busy = _post(s, "/v1/completions", {"prompt": "hi", "max_tokens": 2}, headers=auth)
             assert busy.status_code == 429 and busy.headers.get("retry-after"), (busy.text, next(lines))
+            t0 = time.monotonic()
+            s.proc.send_signal(signal.SIGTERM)      # drain: the stream is cut at the 2 s deadline
+            rest = [line for line in lines if line]
+        assert rest[-1] == "data: [DONE]" and "shutting_down" in rest[-2], rest[-3:]
+        assert s.proc.wait(30) == 0
+        assert time.monotonic() - t0 < 12
     finally:
-        assert s.stop() == 0
+        s.stop()
+
+
+def _concurrent_streams(s, headers, n) -> list[int]:
+    """n streaming requests at once against --max-queue 1: admission happens before the response
+    starts, so all but one are a 429 with Retry-After (never a 200 with an error inside)."""
+    async def one(client):
+        async with client.stream("POST", "/v1/completions", headers=headers,
+                                 json={"prompt": "Hello", "max_tokens": 40, "ignore_eos": True, "stream": True}) as r:
+            body = "".join([line async for line in r.aiter_lines()])
+            assert (r.status_code == 429) == bool(r.headers.get("retry-after"))
+            assert r.status_code != 200 or ("error" not in body and body.endswith("[DONE]")), body[-200:]
+            return r.status_code
+
+    async def main():
+        async with httpx.AsyncClient(base_url=s.url, timeout=60) as client:
+            return await asyncio.gather(*(one(client) for _ in range(n)))
+
+    return sorted(asyncio.run(main()))
 
 
 def test_cached_tokens_on_a_repeated_prefix(client):

@@ -60,6 +60,8 @@ class EngineConfig:
     offload_on_park: bool = True           # a parked session's KV leaves G1 at once (to the first tier)
     kv_load_timeout_s: float = 10.0        # a tier load not done by then is abandoned and recomputed
     kv_exact_tail: bool = True             # fp8/nvfp4: each sequence's last block also kept unquantized
+    max_sessions: int = 10000              # agent sessions remembered; the least recently active go first
+    session_idle_s: float = 3600.0         # a session idle this long is forgotten (its private KV freed)
 
     def __post_init__(self):
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -74,6 +76,10 @@ class EngineConfig:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {getattr(self, name)!r}")
+        if not isinstance(self.max_sessions, int) or self.max_sessions < 1:
+            raise ValueError(f"max_sessions must be an int >= 1, got {self.max_sessions!r}")
+        if not self.session_idle_s > 0:
+            raise ValueError(f"session_idle_s must be > 0, got {self.session_idle_s!r}")
         if not self.kv_load_timeout_s > 0:
             raise ValueError(f"kv_load_timeout_s must be > 0, got {self.kv_load_timeout_s!r}")
         if self.max_model_len is not None and self.max_model_len < 1:

@@ -15,6 +15,7 @@ class IncrementalDetokenizer:
         self.max_stop_len = max((len(s) for s in stop), default=0)
         self.skip_special_tokens = skip_special_tokens
         self.text = ""
+        self._held = 0           # characters at the end of text that could still start a stop string
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
@@ -31,18 +32,30 @@ class IncrementalDetokenizer:
         self.text += delta
         if not self.stop:
             return None
+        # only the new text and the max_stop_len - 1 characters before it can hold a new match:
+        # the cost per token depends on this request's stop strings, never on how long its text is
         start = max(0, len(self.text) - len(delta) - self.max_stop_len + 1)
         hits = [(i, s) for s in self.stop if (i := self.text.find(s, start)) >= 0]
         if not hits:
+            self._held = self._partial_stop()
             return None
         i, s = min(hits)
-        self.text = self.text[:i]
+        self.text, self._held = self.text[:i], 0
         return s
+
+    def _partial_stop(self) -> int:
+        """Length of the longest tail of text that is a proper prefix of some stop string."""
+        text, held = self.text, 0
+        for s in self.stop:
+            tail = text[len(text) - min(len(s) - 1, len(text)):]
+            p = tail.find(s[0])
+            while 0 <= p and len(tail) - p > held:       # the earliest start is the longest tail
+                if s.startswith(tail[p:]):
+                    held = len(tail) - p
+                    break
+                p = tail.find(s[0], p + 1)
+        return held
 
     def stable_text(self) -> str:
         """The text minus a tail that could still become a stop string (safe to stream)."""
-        for k in range(min(self.max_stop_len - 1, len(self.text)), 0, -1):
-            tail = self.text[-k:]
-            if any(s.startswith(tail) for s in self.stop):
-                return self.text[:-k]
-        return self.text
+        return self.text[:len(self.text) - self._held]

@@ -83,7 +83,8 @@ class LLMEngine:
         tail = self.model_runner.exact_tail          # reuse restarts where its exact span starts
         return KVMemoryManager(self.pool, ns, tiers, offload_on_park=cfg.offload_on_park,
                                load_timeout_s=cfg.kv_load_timeout_s,
-                               restart_blocks=tail.span // tail.block_size if tail else 1)
+                               restart_blocks=tail.span // tail.block_size if tail else 1,
+                               max_sessions=cfg.max_sessions, session_idle_s=cfg.session_idle_s)
 
     def _kv_amax(self, loaded: LoadedModel) -> tuple[list[float], list[float], bool]:
         """Per-layer K/V amax, and whether they go on the power-of-two grid: the checkpoint's own

@@ -3,6 +3,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+SEED_MIN, SEED_MAX = -(1 << 63), (1 << 63) - 1   # a 64-bit signed seed, as vLLM takes
+MAX_STOP_STRINGS = 64          # stop strings per request
+MAX_STOP_LEN = 256             # characters of one stop string
+MAX_STOP_TOKEN_IDS = 1024
+
 
 @dataclass
 class SamplingParams:
@@ -38,10 +43,14 @@ class SamplingParams:
             bad("max_tokens", ">= 1")
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or self.logprobs < 0):
             bad("logprobs", ">= 0 (or None)")
-        if self.seed is not None and not isinstance(self.seed, int):
-            bad("seed", "an int (or None)")
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            bad("stop", "a list of non-empty strings")
+        if self.seed is not None and (not isinstance(self.seed, int) or not SEED_MIN <= self.seed <= SEED_MAX):
+            bad("seed", f"an int in [{SEED_MIN}, {SEED_MAX}] (or None)")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise ValueError(f"stop must be at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")
+        if any(not isinstance(s, str) or not s or len(s) > MAX_STOP_LEN for s in self.stop):
+            raise ValueError(f"stop must be a list of non-empty strings of at most {MAX_STOP_LEN} characters each")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(f"stop_token_ids must be at most {MAX_STOP_TOKEN_IDS} ids, got {len(self.stop_token_ids)}")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             bad("stop_token_ids", "a list of token ids >= 0")
 

@@ -132,6 +132,8 @@ class BlockLoader:
         """Check and copy blocks that arrived for job.names[at:]; False when the job's run ends
         here (a miss, a corrupt block, a cancel)."""
         bufs = list(takewhile(lambda b: b is not None, (buf for _, buf in got)))
+        if not bufs:                  # the run ends at its first block (missing or corrupt in the tier)
+            return False
         names, blocks = job.names[at:at + len(bufs)], job.blocks[at:at + len(bufs)]
         with job.lock:
             if job.cancelled:

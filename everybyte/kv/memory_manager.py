@@ -14,7 +14,6 @@ the first tier as one buffer.
 from __future__ import annotations
 
 import logging
-import time
 
 from everybyte.kv.block_id import KVNamespace, chain_block_ids
 from everybyte.kv.block_loader import BlockLoader
@@ -31,7 +30,7 @@ log = logging.getLogger(__name__)
 class KVMemoryManager(BlockManager):
     def __init__(self, pool, namespace: KVNamespace, tiers: TierSet | None = None,
                  ledger: ByteLedger | None = None, offload_on_park: bool = True, load_timeout_s: float = 10.0,
-                 restart_blocks: int = 1):
+                 restart_blocks: int = 1, max_sessions: int = 10000, session_idle_s: float = 3600.0):
         super().__init__(pool.num_blocks, pool.block_size)
         self.restart_blocks = restart_blocks      # a reusing sequence computes from a multiple of this
         self.pool, self.ns = pool, namespace
@@ -41,7 +40,7 @@ class KVMemoryManager(BlockManager):
         for t in self.tiers.tiers:
             self.ledger.add_tier(t)
         self.cache = PrefixCache(pool.num_blocks, on_evict=self._write_down)
-        self.sessions = SessionTable()
+        self.sessions = SessionTable(max_sessions, session_idle_s)
         self.offload_on_park = offload_on_park
         self._names: dict[int, list[bytes]] = {}      # seq_id -> names of its full blocks
         self._committed: dict[int, int] = {}          # seq_id -> blocks already committed
@@ -87,6 +86,7 @@ class KVMemoryManager(BlockManager):
         if sid is not None:
             self.sessions.touch(sid)
             self.cache.unpark(sid)
+        self.expire_sessions(keep=sid)
         names = self._reusable(seq)
         hits = self.cache.acquire(names, sid)
         adopted = self.loader.in_flight(names[len(hits):])      # blocks a running job is loading
@@ -234,9 +234,7 @@ class KVMemoryManager(BlockManager):
     def park(self, session_id: str, expected_gap_s: float | None = None) -> int:
         """The agent is in a tool call: its blocks go first when G1 needs room, and leave the
         device now (written down to G2) when a lower tier exists. Returns blocks offloaded."""
-        s = self.sessions.get(session_id)
-        s.state = "parked"
-        s.expected_return = None if expected_gap_s is None else time.time() + expected_gap_s
+        s = self.sessions.park(session_id, expected_gap_s)     # checks both before changing anything
         blocks = self.cache.park(session_id, s.expected_return)
         self.ledger.count("parked", len(blocks))
         if not (self.offload_on_park and self.tiers.first is not None):
@@ -249,8 +247,10 @@ class KVMemoryManager(BlockManager):
     def resume(self, session_id: str) -> int:
         """Start prestaging the session's context back into G1 ahead of its next turn; returns at
         once with the number of blocks being loaded (session_info shows them as "loading")."""
+        self.sessions.get(session_id)                        # an unknown session is a KeyError
         s = self.sessions.touch(session_id)
         self.cache.unpark(session_id)
+        self.expire_sessions(keep=session_id)
         hits = self.cache.acquire(s.names, session_id)     # pinned while blocks for the rest are taken
         start = len(hits) + len(self.loader.in_flight(s.names[len(hits):]))
         missing = s.names[start:]
@@ -262,10 +262,26 @@ class KVMemoryManager(BlockManager):
         return n
 
     def drop(self, session_id: str) -> None:
+        """Forget the session and free the blocks only it needed, in every tier. A block that
+        another session's context, a running request or a load in flight still references
+        stays (a common system prompt outlives any one session)."""
         s = self.sessions.pop(session_id)
-        names = set(self.cache.drop(session_id)) | set(s.names)
+        in_use = set(self.loader.inflight)
+        for names in self._names.values():
+            in_use.update(names)
+
+        def needed(name: bytes) -> bool:
+            return name in in_use or self.sessions.held(name)
+
+        names = set(self.cache.drop(session_id, keep=needed)) | {n for n in s.names if not needed(n)}
         self.tiers.delete_everywhere(names)
         self.ledger.count("dropped", len(names))
+
+    def expire_sessions(self, keep: str | None = None) -> None:
+        """Drop sessions idle past the timeout or beyond the count limit (least recently active first)."""
+        for sid in self.sessions.over_limits(keep):
+            log.info("session %r expired", sid)
+            self.drop(sid)
 
     def session_info(self, session_id: str) -> dict:
         s = self.sessions.get(session_id)

@@ -18,7 +18,17 @@ from everybyte.kv.eviction import EvictionPolicy, LRUPolicy, ParkedFirst, park_r
 
 log = logging.getLogger(__name__)
 ANON = None   # owner of requests without a session
-SHARED = "<shared>"   # stands for "too many owners to track": such a block is never parked-only
+
+
+class _Shared:
+    """Owner standing for "too many owners to track": such a block is never parked-only. An
+    object, not a string, so no client session id can ever be it."""
+
+    def __repr__(self) -> str:
+        return "SHARED"
+
+
+SHARED = _Shared()
 
 
 class NoFreeBlocks(RuntimeError):
@@ -248,7 +258,7 @@ class PrefixCache:
         """The session is idle (a tool call) until about `expected_return` (a clock time; None =
         unknown). Its private cached blocks become the first eviction candidates. Returns the
         session's named device blocks (id, name), e.g. to write them down to G2 right away."""
-        if session_id is ANON or session_id == SHARED:
+        if session_id is ANON or session_id is SHARED:
             raise ValueError(f"cannot park session id {session_id!r}")
         self.parked[session_id] = expected_return
         blocks = self._session_order(session_id)
@@ -264,15 +274,16 @@ class PrefixCache:
             self._reclass(b)
         return [(b, self.names[b]) for b in blocks]
 
-    def drop(self, session_id: Hashable) -> list[bytes]:
-        """Forget the session: blocks only it used and nobody holds are emptied now; returns their
-        names (the caller deletes them from lower tiers too)."""
+    def drop(self, session_id: Hashable, keep: Callable[[bytes], bool] | None = None) -> list[bytes]:
+        """Forget the session: blocks only it used, nobody holds and `keep(name)` does not claim
+        are emptied now; returns their names (the caller deletes them from lower tiers too)."""
         self.parked.pop(session_id, None)
         freed = []
         for b in sorted(self.session_blocks.pop(session_id, ())):
             owners = self.owners.get(b, set())
             owners.discard(session_id)
-            if not owners and self.ref[b] == 0 and self.names[b] is not None:
+            if not owners and self.ref[b] == 0 and self.names[b] is not None \
+                    and not (keep is not None and keep(self.names[b])):
                 self.policy.remove(b)
                 freed.append(self._forget(b))
                 self.empty.append(b)

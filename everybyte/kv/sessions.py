@@ -1,8 +1,19 @@
-"""Agent sessions: which named blocks hold a session's context, and whether it is parked."""
+"""Agent sessions: which named blocks hold a session's context, and whether it is parked.
+
+The table is bounded: at most `max_sessions` sessions, and a session idle (no request, park or
+resume) for `idle_timeout_s` expires; the least recently active go first. Every block name is
+reference-counted across the sessions whose context holds it, so forgetting one session can
+tell which of its blocks no other session needs.
+"""
 from __future__ import annotations
 
+import math
 import time
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
+from typing import Callable
+
+MAX_GAP_S = 7 * 24 * 3600.0        # an expected tool-call gap longer than a week is a client bug
 
 
 @dataclass
@@ -12,12 +23,29 @@ class Session:
     num_tokens: int = 0                        # tokens of its latest context
     names: list[bytes] = field(default_factory=list)   # full blocks of that context, in order
     expected_return: float | None = None
-    last_active: float = field(default_factory=time.time)
+    last_active: float = 0.0
+
+
+def check_gap(expected_gap_s) -> float | None:
+    """An expected gap is None or a finite number of seconds in [0, MAX_GAP_S]."""
+    if expected_gap_s is None:
+        return None
+    if isinstance(expected_gap_s, bool) or not isinstance(expected_gap_s, (int, float)) \
+            or not math.isfinite(expected_gap_s) or not 0 <= expected_gap_s <= MAX_GAP_S:
+        raise ValueError(f"expected_gap_s must be a finite number of seconds in [0, {MAX_GAP_S:.0f}], "
+                         f"got {expected_gap_s!r}")
+    return float(expected_gap_s)
 
 
 class SessionTable:
-    def __init__(self):
-        self.sessions: dict[str, Session] = {}
+    def __init__(self, max_sessions: int = 10000, idle_timeout_s: float = 3600.0,
+                 clock: Callable[[], float] = time.time):
+        if max_sessions < 1 or not idle_timeout_s > 0:
+            raise ValueError(f"need max_sessions >= 1 and idle_timeout_s > 0, got {max_sessions}, "
+                             f"{idle_timeout_s}")
+        self.max_sessions, self.idle_timeout_s, self.clock = max_sessions, idle_timeout_s, clock
+        self.sessions: OrderedDict[str, Session] = OrderedDict()    # least recently active first
+        self.refs: Counter[bytes] = Counter()                       # name -> sessions holding it
 
     def __contains__(self, session_id: str) -> bool:
         return session_id in self.sessions
@@ -29,21 +57,59 @@ class SessionTable:
             raise KeyError(f"unknown session {session_id!r}") from None
 
     def touch(self, session_id: str) -> Session:
+        """Mark the session active now, creating it when new."""
         s = self.sessions.get(session_id)
         if s is None:
             s = self.sessions[session_id] = Session(session_id)
-        s.state, s.expected_return, s.last_active = "active", None, time.time()
+        self.sessions.move_to_end(session_id)
+        s.state, s.expected_return, s.last_active = "active", None, self.clock()
+        return s
+
+    def park(self, session_id: str, expected_gap_s: float | None) -> Session:
+        gap = check_gap(expected_gap_s)
+        s = self.get(session_id)
+        now = self.clock()
+        s.state, s.last_active = "parked", now
+        s.expected_return = None if gap is None else now + gap
+        self.sessions.move_to_end(session_id)
         return s
 
     def record_context(self, session_id: str, num_tokens: int, names: list[bytes]) -> None:
         s = self.sessions.get(session_id)
         if s is not None:
+            self.refs.update(names)
+            self._release(s.names)
             s.num_tokens, s.names = num_tokens, list(names)
 
     def pop(self, session_id: str) -> Session:
         s = self.get(session_id)
         del self.sessions[session_id]
+        self._release(s.names)
         return s
+
+    def held(self, name: bytes) -> bool:
+        """Whether some session's context holds this block."""
+        return self.refs.get(name, 0) > 0
+
+    def over_limits(self, keep: str | None = None) -> list[str]:
+        """Sessions to expire now: idle past the timeout, then the least recently active beyond
+        max_sessions (never `keep`, the one being used)."""
+        out, cutoff = [], self.clock() - self.idle_timeout_s
+        excess = len(self.sessions) - self.max_sessions
+        for sid, s in self.sessions.items():
+            if sid == keep:
+                continue
+            if s.last_active < cutoff or len(out) < excess:
+                out.append(sid)
+            else:
+                break
+        return out
+
+    def _release(self, names: list[bytes]) -> None:
+        for n in names:
+            self.refs[n] -= 1
+            if self.refs[n] <= 0:
+                del self.refs[n]
 
     def __len__(self) -> int:
         return len(self.sessions)

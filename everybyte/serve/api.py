@@ -1,18 +1,25 @@
 """The OpenAI-compatible HTTP API: routes, input checks and error rendering."""
 from __future__ import annotations
 
+import logging
+from typing import Optional
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Path, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from everybyte.engine.sampling_params import SamplingParams
-from everybyte.serve.async_engine import QueueFull
-from everybyte.serve.protocol import (APIError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
-                                      TokenizeRequest, new_id)
+from everybyte.serve.async_engine import ShuttingDown
+from everybyte.serve.guard import Guard
+from everybyte.serve.protocol import (MAX_SESSION_ID, APIError, ChatCompletionRequest, CompletionRequest,
+                                      DetokenizeRequest, ParkRequest, TokenizeRequest, new_id)
 from everybyte.serve.streams import ResponseWriter
 from everybyte.serve.state import ServerConfig, ServerState
+
+log = logging.getLogger("everybyte.serve")
+SessionPath = Path(min_length=1, max_length=MAX_SESSION_ID)
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -20,7 +27,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.state.eb = state
     cfg = state.config
 
-    app.add_middleware(Guard, state=state)
+    app.add_middleware(Guard, state=state, routes=app.router.routes)
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, e: APIError):
@@ -32,7 +39,7 @@ def create_app(state: ServerState) -> FastAPI:
         if err.get("type") == "json_invalid":
             return _error(APIError(400, f"malformed JSON body: {err.get('msg', '')}", param=None,
                                    code="invalid_json"))
-        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        loc = [str(x) for x in err.get("loc", ())][1:]     # past "body", "path", "query" or "header"
         param = ".".join(loc) or None
         return _error(APIError(400, f"invalid value for {param or 'body'}: {err.get('msg', 'invalid')}",
                                param=param, code="invalid_value"))
@@ -43,8 +50,9 @@ def create_app(state: ServerState) -> FastAPI:
                                else "server_error"))
 
     @app.exception_handler(Exception)
-    async def internal_error(_: Request, e: Exception):
-        return _error(APIError(500, f"internal error: {type(e).__name__}: {e}", "server_error"))
+    async def internal_error(request: Request, e: Exception):
+        log.error("internal error on %s %s", request.method, request.url.path, exc_info=e)
+        return _error(APIError(500, "internal server error (logged on the server)", "server_error"))
 
     @app.get("/health")
     async def health():
@@ -54,7 +62,10 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics():
-        stats = await state.engine.call(lambda e: e.stats()) if state.engine.error is None else {}
+        try:
+            stats = await state.engine.call(lambda e: e.stats()) if state.engine.error is None else {}
+        except ShuttingDown:
+            stats = {}
         return Response(state.metrics.render(stats), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/v1/models")
@@ -70,12 +81,11 @@ def create_app(state: ServerState) -> FastAPI:
             raise APIError(400, "echo is not supported", param="echo")
         if len(prompts) > 1 and body.stream:
             raise APIError(400, "streaming supports a single prompt", param="prompt")
-        session = body.session_id or request.headers.get("x-session-id")
         jobs = [(ids, _params(state, body, ids, body.logprobs, default_max=16)) for ids in prompts]
-        writer = ResponseWriter(state, "text_completion", new_id("cmpl"), session)
-        writer.return_token_ids = body.return_token_ids
+        writer = _writer(state, request, body, "text_completion", new_id("cmpl"))
+        writer.admit(jobs)
         if body.stream:
-            return _sse(state, writer.stream(jobs[0], body.stream_options, request))
+            return _sse(writer, writer.stream(jobs[0], body.stream_options, request))
         return await writer.complete(jobs, request)
 
     @app.post("/v1/chat/completions")
@@ -91,12 +101,11 @@ def create_app(state: ServerState) -> FastAPI:
         if body.max_completion_tokens is not None:
             body.max_tokens = body.max_completion_tokens
         n_lp = (body.top_logprobs or 0) if body.logprobs else None
-        session = body.session_id or request.headers.get("x-session-id")
         job = (ids, _params(state, body, ids, n_lp, default_max=None))
-        writer = ResponseWriter(state, "chat.completion", new_id("chatcmpl"), session, tools=bool(body.tools))
-        writer.return_token_ids = body.return_token_ids
+        writer = _writer(state, request, body, "chat.completion", new_id("chatcmpl"), tools=bool(body.tools))
+        writer.admit([job])
         if body.stream:
-            return _sse(state, writer.stream(job, body.stream_options, request))
+            return _sse(writer, writer.stream(job, body.stream_options, request))
         return await writer.complete([job], request)
 
     @app.post("/tokenize")
@@ -120,90 +129,76 @@ def create_app(state: ServerState) -> FastAPI:
         return {"prompt": state.tokenizer.decode(body.tokens, skip_special_tokens=False)}
 
     @app.post("/v1/sessions/{session_id}/park")
-    async def park(session_id: str, request: Request):
-        gap = None
-        if await request.body():
-            try:
-                gap = (await request.json()).get("expected_gap_s")
-            except (ValueError, AttributeError):
-                raise APIError(400, "body must be a JSON object like {\"expected_gap_s\": 30}", param=None)
-            if gap is not None and (not isinstance(gap, (int, float)) or gap < 0):
-                raise APIError(400, f"expected_gap_s must be a number >= 0, got {gap!r}", param="expected_gap_s")
-        return await _session_call(state, session_id, lambda e: e.park(session_id, expected_gap_s=gap))
+    async def park(request: Request, body: Optional[ParkRequest] = None, session_id: str = SessionPath):
+        gap = body.expected_gap_s if body is not None else None
+        sid = _internal_session(state, request, session_id)
+        return await _session_call(state, session_id, sid, lambda e: e.park(sid, expected_gap_s=gap))
 
     @app.post("/v1/sessions/{session_id}/resume")
-    async def resume(session_id: str):
-        return await _session_call(state, session_id, lambda e: e.resume(session_id))
+    async def resume(request: Request, session_id: str = SessionPath):
+        sid = _internal_session(state, request, session_id)
+        return await _session_call(state, session_id, sid, lambda e: e.resume(sid))
 
     @app.delete("/v1/sessions/{session_id}")
-    async def drop(session_id: str):
-        return await _session_call(state, session_id, lambda e: e.drop(session_id), deleted=True)
+    async def drop(request: Request, session_id: str = SessionPath):
+        sid = _internal_session(state, request, session_id)
+        return await _session_call(state, session_id, sid, lambda e: e.drop(sid), deleted=True)
 
     @app.get("/v1/sessions/{session_id}")
-    async def session_info(session_id: str):
-        return await _session_call(state, session_id, lambda e: e.session_info(session_id))
+    async def session_info(request: Request, session_id: str = SessionPath):
+        sid = _internal_session(state, request, session_id)
+        return await _session_call(state, session_id, sid, lambda e: e.session_info(sid))
 
     return app
 
 
-async def _session_call(state: ServerState, session_id: str, fn, deleted: bool = False) -> dict:
+async def _session_call(state: ServerState, client_id: str, sid: str, fn, deleted: bool = False) -> dict:
     try:
         await state.engine.call(fn)
-        info = {"deleted": True} if deleted else await state.engine.call(lambda e: e.session_info(session_id))
+        info = {"deleted": True} if deleted else await state.engine.call(lambda e: e.session_info(sid))
     except KeyError:
-        raise APIError(404, f"session {session_id!r} does not exist", param="session_id",
+        raise APIError(404, f"session {client_id!r} does not exist", param="session_id",
                        code="session_not_found")
-    return {"id": session_id, "object": "session", **info}
+    except ValueError as e:
+        raise APIError(400, str(e), param=str(e).split()[0])
+    except ShuttingDown as e:
+        raise APIError(503, str(e), "server_error", code="shutting_down")
+    return {"id": client_id, "object": "session", **info}
 
 
-class Guard:
-    """Plain ASGI middleware (no per-chunk cost on streams): API key, body size limit, and the
-    request counter by endpoint and status."""
-
-    def __init__(self, app, state: ServerState):
-        self.app, self.state = app, state
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        cfg, path = self.state.config, scope["path"]
-        headers = dict(scope["headers"])
-        error = None
-        if cfg.api_key and path.startswith("/v1/") and \
-                headers.get(b"authorization", b"") != f"Bearer {cfg.api_key}".encode():
-            error = APIError(401, "invalid or missing API key", "authentication_error", code="invalid_api_key")
-        length = headers.get(b"content-length", b"")
-        if error is None and length.isdigit() and int(length) > cfg.max_body_bytes:
-            error = APIError(413, f"request body of {int(length)} bytes is over the limit of "
-                                  f"{cfg.max_body_bytes} bytes", code="request_too_large")
-        if error is not None:
-            _count(self.state, path, error.status)
-            return await _error(error)(scope, receive, send)
-
-        async def send_counted(message):
-            if message["type"] == "http.response.start":
-                _count(self.state, path, message["status"])
-            await send(message)
-
-        await self.app(scope, receive, send_counted)
+def _tenant(request: Request) -> str | None:
+    return request.scope.get("state", {}).get("tenant")
 
 
-def _count(state: ServerState, endpoint: str, status: int) -> None:
-    if endpoint.startswith("/v1/"):
-        state.metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()
+def _internal_session(state: ServerState, request: Request, session_id: str | None) -> str | None:
+    """The engine's name for a client's session: with --cache-salt-from-api-key, inside its
+    tenant's namespace, so one tenant can neither reach nor collide with another's sessions."""
+    tenant = _tenant(request) if state.config.cache_salt_from_api_key else None
+    return session_id if session_id is None or tenant is None else f"{tenant}/{session_id}"
+
+
+def _writer(state: ServerState, request: Request, body, object_: str, response_id: str,
+            tools: bool = False) -> ResponseWriter:
+    header = request.headers.get("x-session-id")
+    if header is not None and not 1 <= len(header) <= MAX_SESSION_ID:
+        raise APIError(400, f"X-Session-Id must be 1 to {MAX_SESSION_ID} characters, got {len(header)}",
+                       param="X-Session-Id")
+    session = _internal_session(state, request, body.session_id or header)
+    salt = body.cache_salt
+    tenant = _tenant(request) if state.config.cache_salt_from_api_key else None
+    if tenant is not None:                    # a tenant's own salts live under its key's hash
+        salt = tenant if salt is None else f"{tenant}/{salt}"
+    writer = ResponseWriter(state, object_, response_id, session, tools=tools, cache_salt=salt)
+    writer.return_token_ids = body.return_token_ids
+    return writer
 
 
 def _error(e: APIError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
 
-def _sse(state: ServerState, gen) -> StreamingResponse:
-    try:
-        state.engine.check_capacity()
-    except QueueFull as e:
-        raise APIError(429, f"server busy: {e}; retry later", "rate_limit_error", code="queue_full",
-                       headers={"Retry-After": "1"})
-    return StreamingResponse(gen, media_type="text/event-stream",
+def _sse(writer: ResponseWriter, gen) -> StreamingResponse:
+    return StreamingResponse(gen, media_type="text/event-stream", background=BackgroundTask(writer.release),
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from dataclasses import dataclass
 
 from everybyte.engine.outputs import RequestOutput
@@ -21,6 +22,10 @@ class QueueFull(Exception):
     pass
 
 
+class ShuttingDown(Exception):
+    """The server is draining: no new requests, and at the deadline the rest are cut."""
+
+
 @dataclass
 class _Pending:
     request_id: str
@@ -29,6 +34,8 @@ class _Pending:
     queue: asyncio.Queue
     loop: asyncio.AbstractEventLoop
     session_id: str | None = None
+    cache_salt: str | None = None
+    done: bool = False
 
 
 class AsyncEngine:
@@ -42,6 +49,8 @@ class AsyncEngine:
         self._calls: list[tuple] = []
         self._streams: dict[str, _Pending] = {}
         self._stopping = False
+        self._exited = False
+        self.deadline: float | None = None     # monotonic time at which draining cuts what is left
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="everybyte-engine", daemon=True)
         self._thread.start()
@@ -51,45 +60,61 @@ class AsyncEngine:
         with self._lock:
             return len(self._streams) + len(self._inbox)
 
-    def check_capacity(self) -> None:
-        if self.num_in_flight >= self.max_queue:
-            raise QueueFull(f"{self.max_queue} requests already in flight")
-
-    async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                       session_id: str | None = None):
-        """Yields cumulative RequestOutputs; the last one has finish_reason set."""
+    def submit(self, jobs: list[tuple]) -> list[_Pending]:
+        """Admit requests (request_id, prompt_token_ids, params, session_id, cache_salt), all or
+        none, before any response starts: QueueFull past max_queue, ShuttingDown while draining."""
         if self.error is not None:
             raise RuntimeError(f"engine loop stopped: {self.error!r}")
-        p = _Pending(request_id, prompt_token_ids, params, asyncio.Queue(), asyncio.get_running_loop(),
-                     session_id)
+        if len(jobs) > self.max_queue:
+            raise ValueError(f"{len(jobs)} prompts in one request; at most {self.max_queue} (--max-queue)")
+        loop = asyncio.get_running_loop()
+        ps = [_Pending(rid, ids, params, asyncio.Queue(), loop, sid, salt) for rid, ids, params, sid, salt in jobs]
         with self._lock:
-            if self._stopping:
-                raise RuntimeError("server is shutting down")
-            if len(self._streams) + len(self._inbox) >= self.max_queue:
+            if self._stopping or self.deadline is not None:
+                raise ShuttingDown("server is shutting down")
+            if len(self._streams) + len(self._inbox) + len(ps) > self.max_queue:
                 raise QueueFull(f"{self.max_queue} requests already in flight")
-            self._inbox.append(p)
+            self._inbox.extend(ps)
         self._wake.set()
-        finished = False
+        return ps
+
+    async def outputs(self, p: _Pending):
+        """Yields an admitted request's cumulative RequestOutputs; the last has finish_reason set.
+        Leaving early (a disconnect, an error) aborts it."""
         try:
             while True:
                 item = await p.queue.get()
                 while not isinstance(item, BaseException) and not item.finished and not p.queue.empty():
                     item = p.queue.get_nowait()    # behind: outputs are cumulative, the newest covers all
                 if isinstance(item, BaseException):
+                    p.done = True
                     raise item
                 yield item
                 if item.finished:
-                    finished = True
+                    p.done = True
                     return
         finally:
-            if not finished:
-                self.abort(request_id)
+            self.release(p)
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                       session_id: str | None = None, cache_salt: str | None = None):
+        (p,) = self.submit([(request_id, prompt_token_ids, params, session_id, cache_salt)])
+        async for out in self.outputs(p):
+            yield out
+
+    def release(self, p: _Pending) -> None:
+        """Abort an admitted request unless it finished (idempotent)."""
+        if not p.done:
+            p.done = True
+            self.abort(p.request_id)
 
     async def call(self, fn):
         """Run fn(engine) on the engine thread between steps; returns its result or raises."""
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         with self._lock:
+            if self._exited:
+                raise ShuttingDown("the engine loop has stopped")
             self._calls.append((fn, fut, loop))
         self._wake.set()
         return await fut
@@ -108,17 +133,17 @@ class AsyncEngine:
             self._aborts.append(request_id)
         self._wake.set()
 
+    def begin_shutdown(self, timeout: float) -> None:
+        """Start draining: refuse new requests; what is still running `timeout` s from now is cut.
+        Safe to call from a signal handler (it takes no lock); the first call sets the deadline."""
+        if self.deadline is None:
+            self.deadline = time.monotonic() + timeout
+
     def shutdown(self, timeout: float = 30.0) -> None:
-        """Finishes in-flight requests (up to timeout), then aborts the rest and stops the loop."""
-        with self._lock:
-            self._stopping = True
+        """Drains (see begin_shutdown; an earlier deadline stands) and stops the loop."""
+        self.begin_shutdown(timeout)
         self._wake.set()
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            with self._lock:
-                self._aborts.extend(self._streams)
-            self._wake.set()
-            self._thread.join(5.0)
+        self._thread.join(max(self.deadline - time.monotonic(), 0.0) + 5.0)
 
     def _drain_inbox(self) -> None:
         with self._lock:
@@ -137,7 +162,7 @@ class AsyncEngine:
         for p in inbox:
             try:
                 self.engine.add_request(p.prompt_token_ids, p.params, request_id=p.request_id,
-                                        session_id=p.session_id)
+                                        session_id=p.session_id, cache_salt=p.cache_salt)
                 self._streams[p.request_id] = p
             except Exception as e:  # bad input that slipped past the API checks
                 p.loop.call_soon_threadsafe(p.queue.put_nowait, e)
@@ -154,13 +179,39 @@ class AsyncEngine:
             self._streams.pop(out.request_id, None)
         p.loop.call_soon_threadsafe(p.queue.put_nowait, out)
 
+    def _exit(self) -> None:
+        """The loop stops: calls that can no longer run are answered ShuttingDown."""
+        with self._lock:
+            self._exited = True
+            calls, self._calls = self._calls, []
+        for _, fut, loop in calls:
+            if fut is not None:
+                loop.call_soon_threadsafe(_settle, fut, None, ShuttingDown("the engine loop has stopped"))
+
+    def _cut_at_deadline(self) -> None:
+        """Past the drain deadline: abort every request left and tell its client so."""
+        with self._lock:
+            cut = list(self._streams.values()) + self._inbox
+            self._streams, self._inbox = {}, []
+        for p in cut:
+            if p.request_id in self.engine.requests:
+                self.engine.abort(p.request_id)
+            p.loop.call_soon_threadsafe(p.queue.put_nowait, ShuttingDown(
+                "server shut down: the request was cut at the drain deadline"))
+        if cut:
+            log.warning("drain deadline passed: cut %d requests", len(cut))
+
     def _run(self) -> None:
         try:
             while True:
+                if self.deadline is not None:
+                    self._stopping = True
+                    if time.monotonic() >= self.deadline:
+                        self._cut_at_deadline()
                 self._drain_inbox()
                 if not self.engine.has_unfinished_requests() and not self.engine.has_pending_loads():
                     if self._stopping and not self._inbox:
-                        return
+                        return self._exit()
                     self._wake.wait(0.1)
                     self._wake.clear()
                     continue

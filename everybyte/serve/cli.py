@@ -15,10 +15,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="model id clients send (default: the model's)")
-    p.add_argument("--api-key", default=os.environ.get("EVERYBYTE_API_KEY"),
-                   help="require `Authorization: Bearer KEY` on /v1/* (env EVERYBYTE_API_KEY)")
+    p.add_argument("--api-key", action="append", default=None,
+                   help="require `Authorization: Bearer KEY` on every path but /health and /metrics; repeat "
+                        "for one key per tenant (env EVERYBYTE_API_KEY, comma-separated)")
+    p.add_argument("--cache-salt-from-api-key", action="store_true",
+                   help="isolate tenants by key: KV blocks are salted, and session ids namespaced, by a hash "
+                        "of the caller's API key (a body's cache_salt nests under it)")
     p.add_argument("--max-queue", type=int, default=256, help="requests in flight before 429")
     p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
+    p.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="on SIGTERM, seconds in-flight requests may run; then they are cut (streams end "
+                        "with an error event and [DONE]) and the server exits")
+    p.add_argument("--max-sessions", type=int, default=10000,
+                   help="agent sessions remembered; beyond it the least recently active is forgotten")
+    p.add_argument("--session-idle-timeout", type=float, default=3600.0,
+                   help="seconds without a request, park or resume after which a session is forgotten")
     p.add_argument("--no-auto-park", action="store_true",
                    help="do not park a session when its chat turn ends in tool calls")
     p.add_argument("--log-level", default="info")
@@ -31,18 +42,24 @@ def make_app(args: argparse.Namespace):
     from everybyte.serve.api import create_app
     from everybyte.serve.state import ServerState
 
-    engine = LLMEngine(args.model, **engine_kwargs(args))
+    keys = tuple(args.api_key or [k for k in os.environ.get("EVERYBYTE_API_KEY", "").split(",") if k])
+    if args.cache_salt_from_api_key and not keys:
+        raise SystemExit("--cache-salt-from-api-key needs --api-key (one per tenant)")
+    if not args.shutdown_timeout >= 0:
+        raise SystemExit(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
+    engine = LLMEngine(args.model, **engine_kwargs(args), max_sessions=args.max_sessions,
+                       session_idle_s=args.session_idle_timeout)
     name = args.served_model_name or engine.model_config.model_id
     cfg = ServerConfig(model_name=name, max_model_len=engine.max_model_len,
-                       vocab_size=engine.model_config.vocab_size, api_key=args.api_key,
+                       vocab_size=engine.model_config.vocab_size, api_keys=keys,
                        max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
-                       auto_park=not args.no_auto_park)
+                       auto_park=not args.no_auto_park, cache_salt_from_api_key=args.cache_salt_from_api_key)
     state = ServerState(engine, engine.tokenizer, cfg)
     app = create_app(state)
 
     @app.on_event("shutdown")
-    def _drain():  # SIGTERM: uvicorn stops accepting, then in-flight requests finish or are aborted
-        state.engine.shutdown(timeout=30.0)
+    def _drain():  # the drain deadline was set by SIGTERM (see main); this waits for the engine loop
+        state.engine.shutdown(timeout=args.shutdown_timeout)
 
     return app
 
@@ -50,16 +67,20 @@ def make_app(args: argparse.Namespace):
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    app = make_app(args)
+
     class _Server(uvicorn.Server):
         def handle_exit(self, sig, frame):  # SIGTERM is the normal way to stop: drain, then exit 0
+            # one deadline for everything: the engine cuts what still runs at it, so streams end
+            # (error event, [DONE]) and uvicorn's connections close before its own, later, timeout
+            app.state.eb.engine.begin_shutdown(args.shutdown_timeout)
             super().handle_exit(sig, frame)
             if sig == signal.SIGTERM:
                 self._captured_signals.remove(sig)
 
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    app = make_app(args)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                            timeout_graceful_shutdown=30)
+                            timeout_graceful_shutdown=args.shutdown_timeout + 5)
     _Server(config).run()
     return 0

@@ -7,6 +7,12 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from everybyte.engine.sampling_params import SEED_MAX, SEED_MIN
+from everybyte.kv.sessions import MAX_GAP_S
+
+MAX_SESSION_ID = 256      # characters of a session id, whether in the body, the header or a path
+MAX_CACHE_SALT = 256
+
 
 class APIError(Exception):
     """An error the client caused or must handle, rendered as OpenAI's error object."""
@@ -38,12 +44,13 @@ class _Request(BaseModel):
     stream_options: Optional[StreamOptions] = None
     stop: Optional[Union[str, list[str]]] = None
     stop_token_ids: Optional[list[int]] = None
-    seed: Optional[int] = None
+    seed: Optional[int] = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
     ignore_eos: bool = False
     presence_penalty: float = Field(default=0.0, ge=0.0, le=0.0)
     frequency_penalty: float = Field(default=0.0, ge=0.0, le=0.0)
     user: Optional[str] = None
-    session_id: Optional[str] = Field(default=None, max_length=256)
+    session_id: Optional[str] = Field(default=None, max_length=MAX_SESSION_ID)
+    cache_salt: Optional[str] = Field(default=None, min_length=1, max_length=MAX_CACHE_SALT)   # vLLM's
     return_token_ids: bool = False    # vLLM-compatible: the generated token ids in each choice
 
 
@@ -108,3 +115,8 @@ class DetokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: Optional[str] = None
     tokens: list[int]
+
+
+class ParkRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    expected_gap_s: Optional[float] = Field(default=None, ge=0, le=MAX_GAP_S, allow_inf_nan=False)

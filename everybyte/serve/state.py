@@ -13,10 +13,11 @@ class ServerConfig:
     model_name: str
     max_model_len: int
     vocab_size: int
-    api_key: str | None = None
+    api_keys: tuple[str, ...] = ()          # any of them is accepted; empty: no key needed
     max_queue: int = 256
     max_body_bytes: int = 8 * 1024 * 1024
     auto_park: bool = True
+    cache_salt_from_api_key: bool = False   # tenants (keys) get apart KV blocks and session names
 
 
 class ServerState:

@@ -5,27 +5,48 @@ import asyncio
 import json
 import time
 
-from everybyte.serve.async_engine import QueueFull
+from everybyte.serve.async_engine import QueueFull, ShuttingDown
 from everybyte.serve.protocol import APIError, now, usage
 from everybyte.serve.tool_calls import parse_tool_calls, visible_prefix
 
 
 class ResponseWriter:
-    def __init__(self, state, object_: str, response_id: str, session_id: str | None, tools: bool = False):
+    def __init__(self, state, object_: str, response_id: str, session_id: str | None, tools: bool = False,
+                 cache_salt: str | None = None):
         self.state, self.object, self.id, self.session_id = state, object_, response_id, session_id
-        self.tools = tools
+        self.tools, self.cache_salt = tools, cache_salt
         self.return_token_ids = False
         self.chat = object_ == "chat.completion"
         self.model = state.config.model_name
+        self.pending: list = []
 
-    async def _outputs(self, ids, params, index: int):
-        rid = f"{self.id}-{index}"
+    def admit(self, jobs) -> None:
+        """Take every job's place in the engine queue before the response starts, so a full queue
+        or a draining server is an HTTP status (429, 503), never an error inside a 200 stream."""
+        try:
+            self.pending = self.state.engine.submit(
+                [(f"{self.id}-{i}", ids, params, self.session_id, self.cache_salt)
+                 for i, (ids, params) in enumerate(jobs)])
+        except QueueFull as e:
+            raise APIError(429, f"server busy: {e}; retry later", "rate_limit_error", code="queue_full",
+                           headers={"Retry-After": "1"})
+        except ShuttingDown as e:
+            raise APIError(503, f"{e}; retry on another server", "server_error", code="shutting_down",
+                           headers={"Retry-After": "1"})
+        except ValueError as e:
+            raise APIError(400, str(e), param="prompt")
+
+    def release(self) -> None:
+        """Abort whatever was admitted and did not finish (a response that never ran, a disconnect)."""
+        for p in self.pending:
+            self.state.engine.release(p)
+
+    async def _outputs(self, ids, index: int):
         t0, last = time.monotonic(), None
         m = self.state.metrics
         m.prompt_tokens.inc(len(ids))
         try:
-            gen = self.state.engine.generate(rid, ids, params, self.session_id)
-            async for out in gen:
+            async for out in self.state.engine.outputs(self.pending[index]):
                 t = time.monotonic()
                 n_new = len(out.token_ids) - (0 if last is None else len(last.token_ids))
                 if last is None and out.token_ids:
@@ -36,9 +57,8 @@ class ResponseWriter:
                 m.generation_tokens.inc(max(n_new, 0))
                 last = out
                 yield out
-        except QueueFull as e:
-            raise APIError(429, f"server busy: {e}; retry later", "rate_limit_error", code="queue_full",
-                           headers={"Retry-After": "1"})
+        except ShuttingDown as e:
+            raise APIError(503, str(e), "server_error", code="shutting_down")
         except ValueError as e:
             raise APIError(400, str(e))
         if last is not None and last.finished:
@@ -65,13 +85,13 @@ class ResponseWriter:
                                  for lp in entries]}
 
     async def complete(self, jobs, request):
-        async def run(i, ids, params):
+        async def run(i, ids):
             last = None
-            async for out in self._outputs(ids, params, i):
+            async for out in self._outputs(ids, i):
                 last = out
             return last
 
-        tasks = [asyncio.ensure_future(run(i, ids, p)) for i, (ids, p) in enumerate(jobs)]
+        tasks = [asyncio.ensure_future(run(i, ids)) for i, (ids, _) in enumerate(jobs)]
         watcher = asyncio.ensure_future(_watch_disconnect(request, tasks))
         try:
             outs = await asyncio.gather(*tasks)
@@ -79,6 +99,7 @@ class ResponseWriter:
             watcher.cancel()
             for t in tasks:
                 t.cancel()
+            self.release()
         choices, n_prompt, n_out, n_cached = [], 0, 0, 0
         for i, ((ids, _), out) in enumerate(zip(jobs, outs)):
             n_prompt, n_out, n_cached = n_prompt + len(ids), n_out + len(out.token_ids), n_cached + self._cached(out)
@@ -98,7 +119,7 @@ class ResponseWriter:
                 "choices": choices, "usage": usage(n_prompt, n_out, n_cached)}
 
     async def stream(self, job, stream_options, request):
-        ids, params = job
+        ids, _ = job
         include_usage = bool(stream_options and stream_options.include_usage)
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         created = now()
@@ -119,7 +140,7 @@ class ResponseWriter:
         try:
             if self.chat:
                 yield chunk({"role": "assistant", "content": ""})
-            async for out in self._outputs(ids, params, 0):
+            async for out in self._outputs(ids, 0):
                 last = out
                 text = visible_prefix(out.text) if self.tools and not out.finished else out.text
                 calls = []
@@ -146,6 +167,8 @@ class ResponseWriter:
                 yield f"data: {json.dumps(body)}\n\n"
         except APIError as e:
             yield f"data: {json.dumps(e.body())}\n\n"
+        finally:
+            self.release()
         yield "data: [DONE]\n\n"
 
 

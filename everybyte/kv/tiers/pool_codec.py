@@ -184,6 +184,8 @@ class PoolCodec:
     def load_checked(self, bufs: list, names: list[bytes], block_ids: list[int],
                      non_blocking: bool = False) -> tuple[int, Exception | None]:
         """check_many, then load the good leading blocks; the buffers' layout is worked out once."""
+        if not bufs:                  # e.g. every block of a batch came back corrupt (a miss each)
+            return 0, None
         bufs = [as_uint8_tensor(b) for b in bufs]
         pieces = list(_pieces(bufs, self.nbytes, block_ids))
         good, err = self._check_pieces(bufs, pieces, names, verify=False)
@@ -225,7 +227,9 @@ def _copy_all(dst: list[torch.Tensor], src: list[torch.Tensor], non_blocking: bo
     torch's strided copy_). Else one foreach copy, each pair reinterpreted as the widest integer
     word its chunks, strides and offsets allow: torch copies such strided chunks element by element,
     so 8-byte elements move the same bytes ~1.3x faster than bytes."""
-    if dst and not dst[0].is_cuda and not src[0].is_cuda and cpu_kernels.available():
+    if not dst:
+        return
+    if not dst[0].is_cuda and not src[0].is_cuda and cpu_kernels.available():
         rest = [(d, s) for d, s in zip(dst, src) if not cpu_kernels.copy_chunks(d, s)]
         if not rest:
             return

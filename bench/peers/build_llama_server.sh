@@ -34,15 +34,26 @@ cd "$SRC"
 # The sdist keeps a shallow git module, so build-info (and `llama-server --version`) gets the commit.
 COMMIT="$(git rev-parse --short=9 HEAD 2>/dev/null || echo unknown)"
 
-cmake -B build -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release \
-      -DBUILD_SHARED_LIBS=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF
+# -march=native on a CPU with AMX compiles ggml's AMX matmul, which crashes (SIGSEGV in
+# ggml_backend_amx_mul_mat, seen on a Sapphire Rapids VM whose kernel does not grant AMX tile state).
+# There: the same ISA as native, named flag by flag, without AMX.
+ISA="-DGGML_NATIVE=ON"
+if grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
+    ISA="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_BMI2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+    for f in avx512f:AVX512 avx512_vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16 avx_vnni:AVX_VNNI; do
+        grep -qw "${f%%:*}" /proc/cpuinfo && ISA="$ISA -DGGML_${f##*:}=ON"
+    done
+fi
+FLAGS="$ISA -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF"
+# shellcheck disable=SC2086
+cmake -B build $FLAGS
 cmake --build build --target llama-server -j"$JOBS"
 
 install -m 0755 build/bin/llama-server "$DEST/llama-server"
 {
     echo "llama-cpp-python sdist: $VERSION"
     echo "llama.cpp commit: $COMMIT"
-    echo "cmake flags: -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF"
+    echo "cmake flags: $FLAGS"
     "$DEST/llama-server" --version 2>&1 | head -n 3
 } > "$DEST/VERSION"
 cat "$DEST/VERSION"

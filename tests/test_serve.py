@@ -123,7 +123,7 @@ def test_disconnect_mid_stream_frees_blocks(server):
         lines = r.iter_lines()
         got = [next(lines) for _ in range(6)]
         assert any(g.startswith("data:") for g in got)
-    deadline = time.time() + 30
+    deadline = time.time() + 300                    # an upper bound only: it ends when the blocks are back
     while time.time() < deadline:
         if server.metric("everybyte:kv_blocks_free") == free0 and server.metric("everybyte:num_requests_running") == 0:
             break

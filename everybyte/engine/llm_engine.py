@@ -11,6 +11,7 @@ import torch
 
 from everybyte.engine.config import EngineConfig, set_threads
 from everybyte.engine.detokenizer import IncrementalDetokenizer
+from everybyte.engine.kv_budget import resolve_kv_budget
 from everybyte.engine.model_runner import CALIBRATION_TEXT, ModelRunner, calibrate_kv_amax
 from everybyte.engine.outputs import RequestOutput
 from everybyte.engine.sampler import Sampler
@@ -51,6 +52,9 @@ class LLMEngine:
         mc = loaded.config
         self.max_model_len = cfg.max_model_len or mc.max_position_embeddings
         self.layer_shapes = [(mc.num_key_value_heads, mc.head_dim)] * mc.num_hidden_layers
+        if cfg.kv_cache_bytes == "auto":
+            cfg.kv_cache_bytes, self.max_model_len = resolve_kv_budget(
+                self.layer_shapes, cfg.kv_cache_dtype, cfg.block_size, self.max_model_len, cfg.max_model_len is not None)
         need = min_pool_bytes(self.layer_shapes, cfg.kv_cache_dtype, self.max_model_len, cfg.block_size)
         if cfg.kv_cache_bytes < need:
             raise ValueError(

@@ -15,6 +15,7 @@ from everybyte.engine.kv_budget import resolve_kv_budget
 from everybyte.engine.model_runner import CALIBRATION_TEXT, ModelRunner, calibrate_kv_amax
 from everybyte.engine.outputs import RequestOutput
 from everybyte.engine.sampler import Sampler
+from everybyte.engine.sampling_defaults import sampling_defaults
 from everybyte.engine.sampling_params import SamplingParams
 from everybyte.engine.scheduler import Scheduler
 from everybyte.engine.sequence import Sequence
@@ -73,6 +74,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens,
                                    self.max_model_len)
         self.eos_token_ids = set(self.tokenizer.eos_token_ids) | set(mc.eos_token_ids)
+        self.sampling_defaults = sampling_defaults(mc)      # for the fields a request leaves unset
         self.requests: dict[str, _Request] = {}
         self._ids = count()
 
@@ -105,7 +107,7 @@ class LLMEngine:
                       request_id: str | None = None, prompt_token_ids: list[int] | None = None,
                       session_id: str | None = None, cache_salt: str | None = None) -> Sequence:
         """Validate a request and build its sequence (nothing is queued)."""
-        params = params or SamplingParams()
+        params = (params or SamplingParams()).with_defaults(self.sampling_defaults)
         params.validate()
         if isinstance(prompt, str):
             if not prompt and not prompt_token_ids:

@@ -22,7 +22,8 @@ class RedisServer:
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         import redis
         r = redis.Redis(port=self.port)
-        for _ in range(200):
+        deadline = time.monotonic() + 120          # a generous bound: a busy machine starts it late
+        while time.monotonic() < deadline:
             try:
                 r.ping()
                 return self

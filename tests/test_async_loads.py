@@ -12,6 +12,9 @@ from everybyte import LLM, SamplingParams
 from everybyte.engine.sequence import SequenceStatus
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+# A gated tier holds its loads for as long as the test wants; the engine must not give up on them
+# by the wall clock meanwhile (a busy machine makes the steps in between take any time).
+NO_TIMEOUT = dict(kv_load_timeout_s=24 * 3600.0)
 OTHER = "Once upon a time in a small village by the sea there lived an old fisherman and his cat."
 
 
@@ -21,11 +24,23 @@ def reference(loaded):
     return lambda prompt, params=GREEDY: llm.generate([prompt], params)[0].token_ids
 
 
+_GATES: list[threading.Event] = []
+
+
+@pytest.fixture(autouse=True)
+def open_gates():
+    """A test that fails before opening its gate still lets the held tier read finish."""
+    yield
+    while _GATES:
+        _GATES.pop().set()
+
+
 def gate_tier(llm) -> threading.Event:
     """Hold every read of the engine's first tier until the returned event is set."""
     gate, tier = threading.Event(), llm.block_manager.tiers.first
+    _GATES.append(gate)
     get_many = tier.get_many
-    tier.get_many = lambda names: get_many(names) if gate.wait(60) else [None] * len(names)
+    tier.get_many = lambda names: get_many(names) if gate.wait(NO_TIMEOUT["kv_load_timeout_s"]) else [None] * len(names)
     return gate
 
 
@@ -35,7 +50,7 @@ def in_g2_only(llm, prompt: str) -> None:
 
 
 def test_slow_tier_does_not_block_another_requests_decode(loaded, reference):
-    llm = LLM(loaded, kv_tiers="host:64MiB", **ENGINE)
+    llm = LLM(loaded, kv_tiers="host:64MiB", **NO_TIMEOUT, **ENGINE)
     prompt = SYSTEM + "Task: the parser drops trailing commas; fix it."
     in_g2_only(llm, prompt)
     gate = gate_tier(llm)
@@ -74,7 +89,7 @@ def test_block_failing_mid_load_recomputes_from_there(loaded, reference, tmp_pat
     mem = llm.stats()["memory"]
     assert mem["tiers"]["G3"]["corrupt"] == 1 and mem["prefill_tokens"]["reused"]["G3"] == 2 * 16
 
-    lost = LLM(loaded, kv_tiers="host:64MiB", **ENGINE)         # a tier that loses a block mid-read
+    lost = LLM(loaded, kv_tiers="host:64MiB", **NO_TIMEOUT, **ENGINE)         # a tier that loses a block mid-read
     in_g2_only(lost, prompt)
     tier = lost.block_manager.tiers.first
     get_many = tier.get_many
@@ -86,7 +101,7 @@ def test_block_failing_mid_load_recomputes_from_there(loaded, reference, tmp_pat
 
 
 def test_abort_of_a_loading_request_frees_its_blocks(loaded):
-    llm = LLM(loaded, kv_tiers="host:64MiB", **ENGINE)
+    llm = LLM(loaded, kv_tiers="host:64MiB", **NO_TIMEOUT, **ENGINE)
     prompt = SYSTEM + "Task: rename utils.py to helpers.py."
     in_g2_only(llm, prompt)
     bm = llm.block_manager
@@ -116,7 +131,7 @@ def test_a_load_that_never_ends_times_out_into_a_recompute(loaded, reference):
 
 
 def test_turn_arriving_mid_prestage_waits_for_it(loaded, reference):
-    llm = LLM(loaded, kv_tiers="host:64MiB", **ENGINE)
+    llm = LLM(loaded, kv_tiers="host:64MiB", **NO_TIMEOUT, **ENGINE)
     turn1 = SYSTEM + "Task: make the logger thread-safe."
     out1 = llm.generate([turn1], GREEDY, session_id="s")[0]
     llm.park("s")

@@ -147,17 +147,15 @@ def test_stopping_a_server_stops_its_subprocesses(tmp_path):
     pidfile = tmp_path / "child.pid"
     srv = compare.ServerProcess("sh", ["sh", "-c", f"sleep 300 & echo $! > {pidfile}; wait"], 1,
                                 str(tmp_path / "sh.log"))
-    for _ in range(200):
-        if pidfile.is_file() and pidfile.read_text().strip():
-            break
+    deadline = time.monotonic() + 120                 # generous bounds: a busy machine is slow to fork
+    while time.monotonic() < deadline and not (pidfile.is_file() and pidfile.read_text().strip()):
         time.sleep(0.02)
     child = int(pidfile.read_text())
     srv.stop(timeout_s=5)
-    for _ in range(100):
-        if not _running(child):
-            break
+    deadline = time.monotonic() + 120
+    while _running(child) and time.monotonic() < deadline:
         time.sleep(0.05)
-    else:
+    if _running(child):
         pytest.fail(f"child {child} of the stopped server is still running")
 
 

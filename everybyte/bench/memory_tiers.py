@@ -98,7 +98,7 @@ def measure_tiers(loaded, layer_shapes, fmt: str, prefix_tokens: int, tier_dir: 
     try:
         nblocks = max(1, prefix_tokens // block_size)
         mml = nblocks * block_size + block_size
-        one = SamplingParams(max_tokens=1, ignore_eos=True)
+        one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)   # no default penalty in the timing
         prompt = [TokenSpace().token(7, 0, i) for i in range(nblocks * block_size + 1)]
         opts = dict(kv_cache_dtype=fmt, kv_cache_bytes=2 * min_pool_bytes(layer_shapes, fmt, mml, block_size),
                     max_model_len=mml, dtype=dtype, device=device)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from everybyte.engine.kv_budget import is_auto
 from everybyte.formats.kv_layout import KV_CACHE_DTYPES
 from everybyte.kv.pool import parse_size
 from everybyte.models.loader import WEIGHTS_DTYPES
@@ -45,7 +46,7 @@ def set_threads() -> None:
 @dataclass
 class EngineConfig:
     kv_cache_dtype: str = "nvfp4"
-    kv_cache_bytes: int | str = "64MiB"
+    kv_cache_bytes: int | str = "auto"     # "auto": engine.kv_budget (EVERYBYTE_KV_CACHE_SPACE, else sized)
     dtype: torch.dtype | str | None = None
     weights_dtype: str = "auto"            # auto | nvfp4 | bf16 | fp32 (models.loader.load_model)
     block_size: int = 16
@@ -67,7 +68,7 @@ class EngineConfig:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"unknown kv_cache_dtype {self.kv_cache_dtype!r}; choose one of "
                              f"{', '.join(KV_CACHE_DTYPES)}")
-        self.kv_cache_bytes = parse_size(self.kv_cache_bytes)
+        self.kv_cache_bytes = "auto" if is_auto(self.kv_cache_bytes) else parse_size(self.kv_cache_bytes)
         if self.weights_dtype not in WEIGHTS_DTYPES:
             raise ValueError(f"unknown weights_dtype {self.weights_dtype!r}; choose one of {', '.join(WEIGHTS_DTYPES)}")
         if self.weights_dtype in ("bf16", "fp32") and self.dtype in (None, "auto"):

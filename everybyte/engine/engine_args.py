@@ -12,7 +12,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--model", default=None,
                    help="a .gguf file or a Hugging Face directory (default: the embedded SmolLM2-135M-Instruct)")
     g.add_argument("--kv-cache-dtype", default="nvfp4", choices=KV_CACHE_DTYPES)
-    g.add_argument("--kv-cache", default="64MiB", help="KV cache budget, e.g. 64MiB, 1GiB")
+    g.add_argument("--kv-cache", default="auto",
+                   help="KV cache budget, e.g. 64MiB, 1GiB; auto (default): $EVERYBYTE_KV_CACHE_SPACE if set, else "
+                        "one max-model-len request in the KV format and at least 64MiB (README: KV cache formats)")
     g.add_argument("--dtype", default="auto", help="compute dtype: auto, float32, bfloat16, float16")
     g.add_argument("--weights-dtype", default="auto", choices=WEIGHTS_DTYPES,
                    help="weights in memory: auto (what the checkpoint holds; NVFP4 for a 4-bit GGUF), nvfp4 "

@@ -12,10 +12,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="everybyte generate", description=__doc__)
     p.add_argument("prompt", help="the prompt text ('-' reads it from stdin)")
     p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=-1)
-    p.add_argument("--min-p", type=float, default=0.0)
+    model = " (default: the model's own, else temperature 0.7, top-p 0.9, repetition penalty 1.1)"
+    p.add_argument("--temperature", type=float, default=None, help="0 = greedy" + model)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--min-p", type=float, default=None)
+    p.add_argument("--repetition-penalty", type=float, default=None, help="1 = off")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true")
@@ -33,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     try:
         params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                                min_p=args.min_p, seed=args.seed, max_tokens=args.max_tokens,
+                                min_p=args.min_p, repetition_penalty=args.repetition_penalty, seed=args.seed, max_tokens=args.max_tokens,
                                 stop=args.stop, ignore_eos=args.ignore_eos)
         llm = LLM(args.model, **engine_kwargs(args))
         if args.chat:

@@ -11,9 +11,11 @@ import torch
 
 from everybyte.engine.config import EngineConfig, set_threads
 from everybyte.engine.detokenizer import IncrementalDetokenizer
+from everybyte.engine.kv_budget import resolve_kv_budget
 from everybyte.engine.model_runner import CALIBRATION_TEXT, ModelRunner, calibrate_kv_amax
 from everybyte.engine.outputs import RequestOutput
 from everybyte.engine.sampler import Sampler
+from everybyte.engine.sampling_defaults import sampling_defaults
 from everybyte.engine.sampling_params import SamplingParams
 from everybyte.engine.scheduler import Scheduler
 from everybyte.engine.sequence import Sequence
@@ -51,6 +53,9 @@ class LLMEngine:
         mc = loaded.config
         self.max_model_len = cfg.max_model_len or mc.max_position_embeddings
         self.layer_shapes = [(mc.num_key_value_heads, mc.head_dim)] * mc.num_hidden_layers
+        if cfg.kv_cache_bytes == "auto":
+            cfg.kv_cache_bytes, self.max_model_len = resolve_kv_budget(
+                self.layer_shapes, cfg.kv_cache_dtype, cfg.block_size, self.max_model_len, cfg.max_model_len is not None)
         need = min_pool_bytes(self.layer_shapes, cfg.kv_cache_dtype, self.max_model_len, cfg.block_size)
         if cfg.kv_cache_bytes < need:
             raise ValueError(
@@ -69,6 +74,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens,
                                    self.max_model_len)
         self.eos_token_ids = set(self.tokenizer.eos_token_ids) | set(mc.eos_token_ids)
+        self.sampling_defaults = sampling_defaults(mc)      # for the fields a request leaves unset
         self.requests: dict[str, _Request] = {}
         self._ids = count()
 
@@ -102,7 +108,7 @@ class LLMEngine:
                       request_id: str | None = None, prompt_token_ids: list[int] | None = None,
                       session_id: str | None = None, cache_salt: str | None = None) -> Sequence:
         """Validate a request and build its sequence (nothing is queued)."""
-        params = params or SamplingParams()
+        params = (params or SamplingParams()).with_defaults(self.sampling_defaults)
         params.validate()
         if isinstance(prompt, str):
             if not prompt and not prompt_token_ids:

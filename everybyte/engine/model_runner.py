@@ -147,5 +147,6 @@ class ModelRunner:
             self.forward(seqs, num_new_tokens, logits="none")
             return rows, None
         logits = self.forward(seqs, num_new_tokens, rows=rows)
-        st = SamplingTensors.from_params([seqs[i].params for i in rows], logits.shape[-1])
+        st = SamplingTensors.from_params([seqs[i].params for i in rows], logits.shape[-1],
+                                         [seqs[i].token_ids for i in rows])
         return rows, self.sampler(logits.cpu(), st, [generators[i] for i in rows])

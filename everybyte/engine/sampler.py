@@ -1,4 +1,5 @@
-"""Token sampling, vectorized over the batch: greedy, temperature, top-k, top-p, min-p, seeds.
+"""Token sampling, vectorized over the batch: repetition penalty, greedy, temperature, top-k, top-p,
+min-p, seeds.
 
 Each row draws one uniform number per step from its request's torch.Generator (seeded requests)
 or the sampler's own generator, then inverts the filtered distribution's CDF; so a seeded
@@ -23,9 +24,20 @@ class SamplingTensors:
     needs_filter: bool
     max_logprobs: int            # -1 when no row asks for logprobs
     logprob_ns: list[int | None]
+    penalties: torch.Tensor | None = None   # [B] float32 repetition penalties, None when all are 1
+    seen: torch.Tensor | None = None        # [B, V] bool: the token is in the row's sequence
 
     @classmethod
-    def from_params(cls, params: list[SamplingParams], vocab_size: int) -> "SamplingTensors":
+    def from_params(cls, params: list[SamplingParams], vocab_size: int,
+                    token_ids: list[list[int]] | None = None) -> "SamplingTensors":
+        penalties = seen = None
+        if token_ids is not None and any(p.repetition_penalty != 1 for p in params):
+            penalties = torch.tensor([p.repetition_penalty for p in params], dtype=torch.float32)
+            rows = [i for i, p in enumerate(params) if p.repetition_penalty != 1]
+            flat = torch.tensor([t for i in rows for t in token_ids[i]], dtype=torch.long)
+            which = torch.repeat_interleave(torch.tensor(rows), torch.tensor([len(token_ids[i]) for i in rows]))
+            seen = torch.zeros(len(params), vocab_size, dtype=torch.bool)
+            seen[which, flat] = True
         return cls(
             temperatures=torch.tensor([p.temperature for p in params], dtype=torch.float32),
             top_ks=torch.tensor([vocab_size if p.top_k == -1 else min(p.top_k, vocab_size) for p in params]),
@@ -35,6 +47,7 @@ class SamplingTensors:
             needs_filter=any(not p.greedy and (p.top_k != -1 or p.top_p < 1 or p.min_p > 0) for p in params),
             max_logprobs=max((p.logprobs for p in params if p.logprobs is not None), default=-1),
             logprob_ns=[p.logprobs for p in params],
+            penalties=penalties, seen=seen,
         )
 
 
@@ -55,6 +68,8 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, st: SamplingTensors,
                  generators: list[torch.Generator | None]) -> SamplerOutput:
         logits = logits.float()
+        if st.penalties is not None:
+            logits = self.penalize(logits, st)
         greedy = logits.argmax(dim=-1)
         if st.all_greedy:
             tokens = greedy
@@ -63,6 +78,13 @@ class Sampler:
             tokens = torch.where(st.temperatures == 0, greedy, self._sample(logits, st, u))
         lps = self._logprobs(logits, tokens, st) if st.max_logprobs >= 0 else [None] * len(generators)
         return SamplerOutput(tokens.tolist(), lps)
+
+    @staticmethod
+    def penalize(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+        """The repetition penalty as in HF and vLLM: a token already in the sequence (prompt and
+        output) has its logit divided by the penalty when positive, multiplied when negative."""
+        pen = st.penalties[:, None]
+        return torch.where(st.seen, torch.where(logits > 0, logits / pen, logits * pen), logits)
 
     @staticmethod
     def _sample(logits: torch.Tensor, st: SamplingTensors, u: torch.Tensor) -> torch.Tensor:

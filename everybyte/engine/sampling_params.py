@@ -1,7 +1,15 @@
-"""Per-request sampling and stopping options (vLLM-compatible names)."""
+"""Per-request sampling and stopping options (vLLM-compatible names).
+
+The sampling fields (temperature, top_p, top_k, min_p, repetition_penalty) left unset (None) take
+the model's defaults when the engine accepts the request (`with_defaults`, engine.sampling_defaults);
+a value the request sets always wins. Until then an unset field reads as its neutral value (1.0,
+1.0, -1, 0.0, 1.0: plain sampling), so a SamplingParams is usable on its own.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+NEUTRAL = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
 
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 63) - 1   # a 64-bit signed seed, as vLLM takes
 MAX_STOP_STRINGS = 64          # stop strings per request
@@ -11,10 +19,11 @@ MAX_STOP_TOKEN_IDS = 1024
 
 @dataclass
 class SamplingParams:
-    temperature: float = 1.0          # 0 = greedy
-    top_p: float = 1.0                # in (0, 1]
-    top_k: int = -1                   # -1 = off, else >= 1
-    min_p: float = 0.0                # in [0, 1]
+    temperature: float | None = None  # 0 = greedy; None: the model's default
+    top_p: float | None = None        # in (0, 1]
+    top_k: int | None = None          # -1 = off, else >= 1
+    min_p: float | None = None        # in [0, 1]
+    repetition_penalty: float | None = None   # > 0; 1 = off; > 1 discourages tokens already in the sequence
     seed: int | None = None           # per-request generator: same seed, same tokens
     max_tokens: int = 16
     stop: list[str] | str | None = None
@@ -23,10 +32,21 @@ class SamplingParams:
     logprobs: int | None = None       # N: the chosen token's logprob and the top N
     skip_special_tokens: bool = True
 
+    unset: frozenset = field(init=False, repr=False, compare=False, default=frozenset())
+
     def __post_init__(self):
+        unset = frozenset(n for n in NEUTRAL if getattr(self, n) is None)
+        for n in unset:
+            setattr(self, n, NEUTRAL[n])
+        self.unset = unset
         self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
         self.validate()
+
+    def __setattr__(self, name, value):
+        if name in NEUTRAL and self.__dict__.get("unset"):       # assigned after construction: now set
+            object.__setattr__(self, "unset", self.unset - {name})
+        object.__setattr__(self, name, value)
 
     def validate(self) -> None:
         def bad(name, limit):
@@ -39,6 +59,8 @@ class SamplingParams:
             bad("top_k", "-1 (off) or >= 1")
         if not 0 <= self.min_p <= 1:
             bad("min_p", "in [0, 1]")
+        if not self.repetition_penalty > 0:
+            bad("repetition_penalty", "> 0")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             bad("max_tokens", ">= 1")
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or self.logprobs < 0):
@@ -57,3 +79,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    def with_defaults(self, defaults: dict) -> "SamplingParams":
+        """These params with each unset sampling field taken from `defaults` (where it has one);
+        a greedy request (temperature 0) takes no default repetition penalty."""
+        taken = {n: defaults[n] for n in self.unset if defaults.get(n) is not None}
+        if taken.get("temperature", self.temperature) == 0:
+            taken.pop("repetition_penalty", None)     # greedy stays plain greedy unless a penalty is asked for
+        return replace(self, **taken, **{n: None for n in self.unset - taken.keys()}) if taken else self

@@ -155,7 +155,8 @@ def _decode_lens(meta: AttentionMetadata, rows) -> torch.Tensor:
 def _plan(meta: AttentionMetadata, granule: int, device):
     """Split the batch into one batched decode group (sequences with one new token) and a list of
     (row, start, query_len, context_len) prefill chunks. The decode mask covers whole granules
-    (blocks, or exact-tail spans)."""
+    (blocks, or exact-tail spans). A decoding sequence takes the decode path even when it is the
+    only one next to prefill chunks, so its token is computed the same whatever shares the step."""
     starts, rows, tokens, lens, prefills = 0, [], [], [], []
     for row, (n, ctx) in enumerate(zip(meta.query_lens, meta.context_lens)):
         if n == 1:
@@ -165,9 +166,6 @@ def _plan(meta: AttentionMetadata, granule: int, device):
         else:
             prefills.append((row, starts, n, ctx))
         starts += n
-    if len(rows) == 1 and prefills:
-        prefills.append((rows[0], tokens[0], 1, lens[0]))
-        rows = []
     if not rows:
         return None, None, None, prefills
     positions = torch.arange(-(-max(lens) // granule) * granule, device=device)

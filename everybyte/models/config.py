@@ -27,6 +27,8 @@ class ModelConfig:
     eos_token_ids: list[int] = field(default_factory=list)
     model_id: str = "unknown"         # names the weights in KV block identity
     revision: str = ""
+    # the checkpoint's own sampling defaults (generation_config.json, GGUF general.sampling.*), SamplingParams names
+    sampling_defaults: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.architecture not in SUPPORTED_ARCHITECTURES:

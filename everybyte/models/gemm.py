@@ -8,6 +8,12 @@ fp32; results differ only by summation order (~1e-4 relative). Mixing the two pe
 than oneDNN for every layer (decode B=32: 66 vs 91 tok/s, MKL alone 64; measured interleaved
 on a 2-core Zen 1), so oneDNN runs every fp32 CPU linear when torch has it.
 EVERYBYTE_GEMM=mkl selects torch's default instead.
+
+Batch invariance: oneDNN's fp32 GEMM gives a row the same bits whatever other rows share the call
+(M >= 2, measured for the model's shapes and M up to 600), but a single row takes its GEMV path,
+which sums in another order (~4e-6 apart). So a one-row input is run as two rows (the row twice):
+a decode step alone computes what it computes next to other requests, and a seeded request
+samples the same tokens either way. MKL's sgemm is not row-invariant (its kernels change with M).
 """
 from __future__ import annotations
 
@@ -46,6 +52,8 @@ _MODE = _backend()
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     if (x.dtype is torch.float32 and x.device.type == "cpu" and x.dim() == 2 and weight.is_contiguous()
             and _ONEDNN is not None and _MODE == "onednn"):
+        if x.shape[0] == 1:
+            return _ONEDNN(x.expand(2, -1).contiguous(), weight, bias)[:1]
         return _ONEDNN(x, weight, bias)
     return F.linear(x, weight, bias)
 

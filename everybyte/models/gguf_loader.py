@@ -36,6 +36,12 @@ def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
+# llama.cpp's sampling metadata (the model author's recommended settings) -> SamplingParams names
+GGUF_SAMPLING = {"general.sampling.temp": "temperature", "general.sampling.top_p": "top_p",
+                 "general.sampling.top_k": "top_k", "general.sampling.min_p": "min_p",
+                 "general.sampling.penalty_repeat": "repetition_penalty"}
+
+
 def config_from_gguf(g: GGUFFile) -> ModelConfig:
     md, arch = g.metadata, g.metadata.get("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
@@ -69,7 +75,7 @@ def config_from_gguf(g: GGUFFile) -> ModelConfig:
         tie_word_embeddings="output.weight" not in g.tensors, attention_bias="blk.0.attn_q.bias" in g.tensors,
         qk_norm="blk.0.attn_q_norm.weight" in g.tensors, bos_token_id=md.get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=list(dict.fromkeys(eos)), model_id=f"{md.get('general.name') or Path(g.path).stem}@{digest}",
-        revision=digest)
+        revision=digest, sampling_defaults={ours: md[k] for k, ours in GGUF_SAMPLING.items() if k in md})
 
 
 def _rope_scaling(g: GGUFFile, key, head_dim: int, theta: float) -> dict | None:

@@ -24,6 +24,9 @@ def read_json(file: Path) -> dict:
         raise ValueError(f"{file}: cannot read JSON: {e}") from e
 
 
+HF_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")   # of generation_config.json
+
+
 def config_from_hf(path: str | Path) -> ModelConfig:
     path = Path(path)
     file = path / "config.json"
@@ -60,7 +63,8 @@ def config_from_hf(path: str | Path) -> ModelConfig:
         tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
         attention_bias=True if arch == "qwen2" else bool(c.get("attention_bias", False)),
         qk_norm=arch == "qwen3", bos_token_id=c.get("bos_token_id"), eos_token_ids=list(dict.fromkeys(eos)),
-        model_id=c.get("_name_or_path") or path.resolve().name, revision=_identity(path, file))
+        model_id=c.get("_name_or_path") or path.resolve().name, revision=_identity(path, file),
+        sampling_defaults={k: generation[k] for k in HF_SAMPLING if generation.get(k) is not None})
 
 
 def _ids(value) -> list[int]:

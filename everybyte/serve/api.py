@@ -240,7 +240,7 @@ def _params(state: ServerState, body, ids: list[int], logprobs, default_max) -> 
                        param="max_tokens", code="context_length_exceeded")
     try:
         return SamplingParams(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
-                              min_p=body.min_p, seed=body.seed, max_tokens=max_tokens, stop=body.stop,
+                              min_p=body.min_p, repetition_penalty=body.repetition_penalty, seed=body.seed, max_tokens=max_tokens, stop=body.stop,
                               stop_token_ids=body.stop_token_ids or [], ignore_eos=body.ignore_eos,
                               logprobs=logprobs)
     except ValueError as e:

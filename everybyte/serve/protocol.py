@@ -35,10 +35,11 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: Optional[str] = None
     max_tokens: Optional[int] = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = -1
-    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    temperature: Optional[float] = Field(default=None, ge=0.0, le=2.0)   # None: the model's default
+    top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0)
+    top_k: Optional[int] = None
+    min_p: Optional[float] = Field(default=None, ge=0.0, le=1.0)
+    repetition_penalty: Optional[float] = Field(default=None, gt=0.0)
     n: int = Field(default=1, ge=1, le=1)
     stream: bool = False
     stream_options: Optional[StreamOptions] = None

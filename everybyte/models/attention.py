@@ -12,9 +12,6 @@ from everybyte.models.decode_attention import nvfp4_decode
 from everybyte.models.own_block_attention import own_block_attention
 
 
-ROTATE_C_MAX_ROWS = 32     # larger (prefill) batches rotate by matmul
-
-
 @dataclass
 class LayerKVCache:
     fmt: KVFormat
@@ -93,9 +90,9 @@ def _attend(q, k, v, cache: LayerKVCache, meta: AttentionMetadata, scale: float,
 
 
 def _rotate(x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """x @ h; for the few rows of a decode step on CPU in float32 the C rotation, which the fused
-    decode step (models/decode_step) also takes, so the two write the same KV bytes."""
-    if x.shape[0] <= ROTATE_C_MAX_ROWS and x.dtype is torch.float32 and x.device.type == "cpu":
+    """x @ h; on CPU in float32 the C rotation, which the fused decode step (models/decode_step)
+    also takes, so the two write the same KV bytes (and a row's bytes do not depend on the batch)."""
+    if x.dtype is torch.float32 and x.device.type == "cpu":
         out = native_ops.rotate_rows(x.contiguous(), h)
         if out is not None:
             return out

@@ -105,9 +105,6 @@ class Attention(nn.Module):
         return self.o_proj(out.flatten(1))
 
 
-SILU_C_MAX_ROWS = 32
-
-
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype):
         super().__init__()
@@ -120,9 +117,8 @@ class MLP(nn.Module):
 
     def forward(self, x):
         gate_up = self.gate_up_proj(x)
-        # one C pass on a decode step's float32 CPU rows (the fused decode step's own SiLU); torch's
-        # vectorised exp for prefill chunks
-        act = native_ops.silu_mul(gate_up) if x.dim() == 2 and x.shape[0] <= SILU_C_MAX_ROWS else None
+        # one C pass on float32 CPU rows: the fused decode step's own SiLU, the same bits for any row count
+        act = native_ops.silu_mul(gate_up) if x.dim() == 2 else None
         if act is None:
             gate, up = gate_up.chunk(2, dim=-1)
             act = F.silu(gate) * up

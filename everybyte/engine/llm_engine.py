@@ -30,7 +30,6 @@ from everybyte.models.loader import LoadedModel, load_model
 from everybyte.models.nvfp4_linear import weight_bytes
 
 _AMAX_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-SCALED_FORMATS = ("fp8", "nvfp4")
 
 
 @dataclass
@@ -65,7 +64,7 @@ class LLMEngine:
                 f"(--kv-cache) or lower max_model_len (--max-model-len)")
         self.pool = KVPool(self.layer_shapes, cfg.kv_cache_dtype, cfg.kv_cache_bytes, cfg.block_size,
                            cfg.device)
-        if cfg.kv_cache_dtype in SCALED_FORMATS:
+        if self.pool.fmt.scaled:
             k_amax, v_amax, grid = self._kv_amax(loaded)
             self.pool.set_scales_from_amax(k_amax, v_amax, headroom=cfg.kv_scale_headroom, grid=grid)
         self.weights_bytes = weight_bytes(loaded.model)

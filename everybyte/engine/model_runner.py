@@ -69,9 +69,6 @@ def calibrate_kv_amax(model, layer_shapes: list[tuple[int, int]], token_ids: lis
         return [read(k) for k in pool.k], [read(v) for v in pool.v]
 
 
-LOSSY_KV = ("fp8", "nvfp4")     # formats whose sequences keep their last span exact (exact_tail)
-
-
 class ModelRunner:
     def __init__(self, model, pool: KVPool, sampler: Sampler | None = None, exact_tail: bool = True):
         self.model = model
@@ -81,7 +78,7 @@ class ModelRunner:
         self.vocab_size = model.config.vocab_size
         self.sampler = sampler or Sampler()
         self.exact_tail = (ExactTail(pool, next(model.parameters()).dtype, self.device)
-                           if exact_tail and pool.kv_cache_dtype in LOSSY_KV else None)
+                           if exact_tail and pool.fmt.lossy else None)
         self.kv_caches: list[LayerKVCache] = []
         self.refresh_caches()
 

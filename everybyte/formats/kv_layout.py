@@ -40,6 +40,10 @@ class KVFormat(ABC):
     # rotated back): outlier channels spread over the whole vector instead of coarsening the
     # 16-value blocks they fall in. Exact in real arithmetic since H is orthonormal.
     rotate: bool = False
+    # Per-layer K/V scales calibrated from the model's amax (scale_for_amax matters), and values
+    # lossy enough that each sequence keeps its last span unquantized (engine/exact_tail).
+    scaled: bool = False
+    lossy: bool = False
 
     def bytes_per_token(self, num_kv_heads: int, head_dim: int) -> int:
         """Bytes for K *or* V of one token in one layer."""
@@ -116,6 +120,7 @@ class FloatKV(KVFormat):
 class FP8KV(KVFormat):
     """E4M3 values, x ~= q * scale; scale 1.0 keeps the raw +-448 range."""
     name = "fp8"
+    scaled = lossy = True
 
     def _fields(self, num_kv_heads, head_dim):
         return {"data": ((num_kv_heads, head_dim), torch.float8_e4m3fn)}
@@ -139,6 +144,7 @@ class NVFP4KV(KVFormat):
     name = "nvfp4"
     default_scale = FP8_MAX / NVFP4_MAX
     rotate = True
+    scaled = lossy = True
 
     def _fields(self, num_kv_heads, head_dim):
         if head_dim % 16:

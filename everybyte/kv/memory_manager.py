@@ -18,6 +18,7 @@ import logging
 from everybyte.kv.block_id import KVNamespace, chain_block_ids
 from everybyte.kv.block_loader import BlockLoader
 from everybyte.kv.block_manager import BlockManager
+from everybyte.kv.events import EventLog
 from everybyte.kv.ledger import ByteLedger, waste_bytes
 from everybyte.kv.prefix_cache import PrefixCache
 from everybyte.kv.sessions import SessionTable
@@ -39,7 +40,7 @@ class KVMemoryManager(BlockManager):
         self.ledger = ledger or ByteLedger(pool.bytes_per_block)
         for t in self.tiers.tiers:
             self.ledger.add_tier(t)
-        self.cache = PrefixCache(pool.num_blocks, on_evict=self._write_down)
+        self.cache = PrefixCache(pool.num_blocks, on_evict=self._write_down, block_size=pool.block_size)
         self.sessions = SessionTable(max_sessions, session_idle_s)
         self.offload_on_park = offload_on_park
         self._names: dict[int, list[bytes]] = {}      # seq_id -> names of its full blocks
@@ -293,6 +294,13 @@ class KVMemoryManager(BlockManager):
                 "expected_return": s.expected_return}
 
     # ---- reporting ---------------------------------------------------------------------------
+    def kv_events(self, listener=None) -> EventLog:
+        """Start recording the G1 prefix cache's KV events (kv/events), stamped with this worker's
+        namespace digest; a router drains the returned log (or passes a listener)."""
+        log = EventLog(self.ns.digest, listener)
+        self.cache.on_event = log
+        return log
+
     def stats(self, weights_bytes: int) -> dict:
         self.ledger.weights_bytes = weights_bytes
         waste = waste_bytes(self.running.values(), self.block_size, self.pool.bytes_per_token)
@@ -302,6 +310,7 @@ class KVMemoryManager(BlockManager):
         d = self.ledger.to_dict()
         d["sessions"] = self.sessions.counts()
         d["prefix_cache"] = {**self.cache.stats, "query_tokens": self.query_tokens, "hit_tokens": self.hit_tokens}
+        d["kv_namespace"] = self.ns.digest.hex()       # equal digests: the same bytes for the same tokens
         d["loads"] = {"jobs": len(self.loader.jobs), "requests_waiting": len(self.loading),
                       "blocks_in_flight": len(self.loader.inflight)}
         return d

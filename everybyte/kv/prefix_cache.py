@@ -6,7 +6,9 @@ blocks are evicted in the policy's order; the default puts blocks owned only by 
 first (latest expected return first), then LRU. Blocks in use are never evicted.
 
 `on_evict(block_id, name)` fires before an evicted block is handed out again, so the data plane
-can write it down a tier (its bytes are still intact when the callback runs).
+can write it down a tier (its bytes are still intact when the callback runs). `on_event` (one
+hook, kv/events) hears every block named (BlockStored), forgotten (BlockRemoved) and the cache
+emptied of named blocks (AllBlocksCleared).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from collections import deque
 from typing import Callable, Hashable, Iterable, Sequence
 
 from everybyte.kv.eviction import EvictionPolicy, LRUPolicy, ParkedFirst, park_rank
+from everybyte.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 log = logging.getLogger(__name__)
 ANON = None   # owner of requests without a session
@@ -37,12 +40,14 @@ class NoFreeBlocks(RuntimeError):
 
 class PrefixCache:
     def __init__(self, num_blocks: int, policy: EvictionPolicy | None = None,
-                 on_evict: Callable[[int, bytes], None] | None = None, max_owners: int = 32):
+                 on_evict: Callable[[int, bytes], None] | None = None, max_owners: int = 32,
+                 on_event: Callable[[KVEvent], None] | None = None, block_size: int = 16):
         if num_blocks < 1:
             raise ValueError(f"need num_blocks >= 1, got {num_blocks}")
         self.num_blocks = num_blocks
         self.policy = policy if policy is not None else ParkedFirst(LRUPolicy())
         self.on_evict = on_evict
+        self.on_event, self.block_size = on_event, block_size
         self.max_owners = max_owners
         self.ref = [0] * num_blocks
         self.names: list[bytes | None] = [None] * num_blocks
@@ -177,6 +182,8 @@ class PrefixCache:
         self.names[block_id] = None
         if name is not None and self.by_name.get(name) == block_id:
             del self.by_name[name]
+            if self.on_event is not None:
+                self.on_event(BlockRemoved([name]))
         for s in self.owners.pop(block_id, ()):
             blocks = self.session_blocks.get(s)
             if blocks is not None:
@@ -204,6 +211,8 @@ class PrefixCache:
         self.names[block_id] = name
         self.by_name[name] = block_id
         self.stats["commits"] += 1
+        if self.on_event is not None:
+            self.on_event(BlockStored([name], self.block_size))
         self._own(block_id, owner)
         return block_id
 
@@ -293,9 +302,16 @@ class PrefixCache:
 
     def clear(self) -> int:
         """Forget every cached (unreferenced) block without eviction callbacks; returns how many."""
-        n = 0
-        while (b := self.policy.pop()) is not None:
-            self._forget(b)
-            self.empty.append(b)
-            n += 1
+        n, hook = 0, self.on_event
+        self.on_event = None                  # one AllBlocksCleared (or the removals) instead of n events
+        removed = []
+        try:
+            while (b := self.policy.pop()) is not None:
+                removed.append(self._forget(b))
+                self.empty.append(b)
+                n += 1
+        finally:
+            self.on_event = hook
+        if hook is not None and removed:
+            hook(AllBlocksCleared() if not self.by_name else BlockRemoved([r for r in removed if r is not None]))
         return n

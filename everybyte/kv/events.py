@@ -1,0 +1,58 @@
+"""KV cache events: what a worker's G1 prefix cache stored and removed, for a KV-aware router.
+
+The schema is vLLM's (`BlockStored`, `BlockRemoved`, `AllBlocksCleared`), with block names (the
+16-byte chained hashes of kv/block_id) as the block hashes. A worker states its KV namespace
+digest next to its events (`namespace` on each batch): two workers whose digests are equal
+compute the same bytes for the same tokens, so a block one of them names the other may reuse.
+Pure data, no torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Union
+
+
+@dataclass(frozen=True)
+class BlockStored:
+    block_hashes: list[bytes]
+    block_size: int
+    parent_block_hash: bytes | None = None
+    medium: str = "G1"
+
+
+@dataclass(frozen=True)
+class BlockRemoved:
+    block_hashes: list[bytes]
+    medium: str = "G1"
+
+
+@dataclass(frozen=True)
+class AllBlocksCleared:
+    medium: str = "G1"
+
+
+KVEvent = Union[BlockStored, BlockRemoved, AllBlocksCleared]
+
+
+@dataclass
+class KVEventBatch:
+    namespace: bytes                 # the worker's KVNamespace digest
+    events: list[KVEvent] = field(default_factory=list)
+
+
+class EventLog:
+    """Collects a cache's events; `drain()` hands over the batch so far (a router polls it, or a
+    listener gets each event as it happens)."""
+
+    def __init__(self, namespace: bytes, listener: Callable[[KVEvent], None] | None = None):
+        self.namespace, self.listener = namespace, listener
+        self._pending: list[KVEvent] = []
+
+    def __call__(self, event: KVEvent) -> None:
+        self._pending.append(event)
+        if self.listener is not None:
+            self.listener(event)
+
+    def drain(self) -> KVEventBatch:
+        batch, self._pending = KVEventBatch(self.namespace, self._pending), []
+        return batch

@@ -7,7 +7,6 @@ import subprocess
 import time
 
 import pytest
-
 from serve_fixtures import free_port
 
 

@@ -3,8 +3,7 @@ import sys
 
 import pytest
 
-from everybyte.kv.block_id import (NAME_BYTES, KVNamespace, block_id, chain_block_ids, name_from_hex,
-                                   name_hex)
+from everybyte.kv.block_id import NAME_BYTES, KVNamespace, block_id, chain_block_ids, name_from_hex, name_hex
 
 NS = KVNamespace("HuggingFaceTB/SmolLM2-135M-Instruct", "main", "nvfp4", 16, "all")
 TOKENS = list(range(1000, 1000 + 16 * 5 + 7))

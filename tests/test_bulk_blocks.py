@@ -233,6 +233,7 @@ def test_loader_takes_a_pack_whose_blocks_lie_in_another_order(tmp_path, reader_
 
 def test_loader_scratch_is_one_reused_buffer_per_thread(monkeypatch):
     import threading
+
     from everybyte.kv import block_loader
     local = threading.local()
     job = block_loader._Scratch(local)

@@ -6,12 +6,12 @@ import json
 
 import pytest
 import torch
+from test_loaders import ARCHS, IDS, everybyte_logits, hf_logits, tiny_hf, write_gguf
+from test_tokenizer import CHATS, TEXTS
 
 from everybyte import cli
 from everybyte.models.hf_export import export_hf
 from everybyte.models.loader import load_model
-from test_loaders import ARCHS, IDS, everybyte_logits, hf_logits, tiny_hf, write_gguf
-from test_tokenizer import CHATS, TEXTS
 
 transformers = pytest.importorskip("transformers")
 

@@ -11,8 +11,7 @@ from everybyte.kv.block_id import chain_block_ids
 from everybyte.kv.block_manager import BlockManager
 from everybyte.kv.pool import KVPool
 from everybyte.models.loader import load_model
-from everybyte.models.own_block_attention import (attention_with_lse, attention_with_lse_reference,
-                                                   own_block_attention)
+from everybyte.models.own_block_attention import attention_with_lse, attention_with_lse_reference, own_block_attention
 
 
 def _reference(q, kq, vq, ke, ve, ctx, bs, scale):

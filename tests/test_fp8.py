@@ -2,7 +2,8 @@ import os
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from everybyte.formats.fp8 import FP8Tensor, dequantize, dequantize_raw, quantize, quantize_raw
 

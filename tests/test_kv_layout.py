@@ -2,9 +2,8 @@ import pytest
 import torch
 
 from everybyte.formats import cpu_kernels, nvfp4
-from everybyte.formats.kv_layout import hadamard
+from everybyte.formats.kv_layout import KV_CACHE_DTYPES, get_kv_format, hadamard
 from everybyte.formats.nvfp4_kv import divisors, quantize_blocks_best_scale
-from everybyte.formats.kv_layout import KV_CACHE_DTYPES, get_kv_format
 
 NB, BS, H, D = 6, 4, 3, 64
 

@@ -23,8 +23,15 @@ from everybyte.engine.model_runner import CALIBRATION_TEXT, calibrate_kv_amax
 from everybyte.models.default_model import default_model_path
 from everybyte.models.hf_export import export_hf
 from everybyte.models.hf_loader import INDEX_FILE, config_from_hf
-from everybyte.models.kv_scales import (KV_QUANT_ALGO, SCALES_FILE, k_scale_name, kv_scale_tensors, read_kv_scales,
-                                        v_scale_name, write_kv_scales)
+from everybyte.models.kv_scales import (
+    KV_QUANT_ALGO,
+    SCALES_FILE,
+    k_scale_name,
+    kv_scale_tensors,
+    read_kv_scales,
+    v_scale_name,
+    write_kv_scales,
+)
 from everybyte.models.loader import load_model
 
 ENGINE = dict(kv_cache_bytes="8MiB", max_model_len=512, dtype="float32", kv_tiers="none")

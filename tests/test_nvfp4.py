@@ -3,7 +3,8 @@ import platform
 
 import pytest
 import torch
-from hypothesis import HealthCheck, example, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from everybyte.formats import cpu_kernels, fastpath, nvfp4_blocks
 from everybyte.formats.nvfp4 import NVFP4Tensor, dequantize, dequantize_blocks, quantize, quantize_blocks

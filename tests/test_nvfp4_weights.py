@@ -9,6 +9,7 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from test_loaders import everybyte_logits, save_hf_dir, tiny_hf
 
 from everybyte import cli
 from everybyte.formats import cpu_kernels
@@ -18,7 +19,6 @@ from everybyte.models import native_ops, nvfp4_gemm
 from everybyte.models.loader import load_model
 from everybyte.models.nvfp4_gemm import PackedWeight, fused_linear, reference_linear
 from everybyte.native import loader
-from test_loaders import everybyte_logits, save_hf_dir, tiny_hf
 
 needs_kernel = pytest.mark.skipif(not nvfp4_gemm.kernel_available(), reason="no C compiler: torch reference only")
 

@@ -64,6 +64,7 @@ def test_checkpoint_defaults_are_read(tmp_path):
 
 def test_engine_applies_them(tmp_path):
     from test_engine import make
+
     from everybyte.models.loader import load_model
     llm = make(load_model(None, dtype=torch.float32))
     assert llm.sampling_defaults == FALLBACK                              # the default GGUF carries none

@@ -9,7 +9,6 @@ import time
 import httpx
 import openai
 import pytest
-
 from serve_fixtures import Server
 
 ENGINE = ["--kv-cache", "24MiB", "--kv-cache-dtype", "nvfp4", "--max-model-len", "1024",

@@ -9,7 +9,6 @@ import socket
 
 import httpx
 import pytest
-
 from serve_fixtures import Server
 
 ALICE, BOB = "k-alice", "k-bob"

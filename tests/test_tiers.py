@@ -8,10 +8,18 @@ import torch
 
 from everybyte.kv.block_id import KVNamespace, chain_block_ids
 from everybyte.kv.pool import KVPool
-from everybyte.kv.tier_config import (build_tiers, load_beats_recompute, measure_load_bandwidth,
-                                      parse_kv_tiers)
-from everybyte.kv.tiers import (CorruptBlock, DiskTier, FormatMismatch, HostTier, SharedDirTier,
-                                decode_block, encode_block, encode_pool_block, load_pool_block)
+from everybyte.kv.tier_config import build_tiers, load_beats_recompute, measure_load_bandwidth, parse_kv_tiers
+from everybyte.kv.tiers import (
+    CorruptBlock,
+    DiskTier,
+    FormatMismatch,
+    HostTier,
+    SharedDirTier,
+    decode_block,
+    encode_block,
+    encode_pool_block,
+    load_pool_block,
+)
 from everybyte.kv.tiers.base import FRAME
 from everybyte.kv.tiers.codec import peek_header
 from everybyte.kv.tiers.pool_codec import block_tensors

@@ -47,6 +47,7 @@ def _best_rate(tokens: int, run, prompts) -> float:
 
 def run_everybyte(a) -> dict:
     import torch
+
     from everybyte import LLM, SamplingParams
     llm = LLM(a.model, kv_cache_dtype=a.kv_cache_dtype, kv_cache_bytes=a.kv_cache, dtype=a.dtype,
               weights_dtype=a.weights_dtype,
@@ -75,6 +76,7 @@ def run_transformers(a) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging
+
     from everybyte.engine.config import resolve_dtype
     from everybyte.models.default_model import default_model_path
     logging.set_verbosity_error()
@@ -115,6 +117,7 @@ def run_llama_server(a) -> dict:
     import importlib.util
     import tempfile
     from pathlib import Path
+
     from everybyte.models.default_model import default_model_path
     path = Path(__file__).resolve().parents[2] / "bench" / "peers" / "llama_server_decode.py"
     spec = importlib.util.spec_from_file_location("everybyte_llama_server_decode", path)

@@ -19,13 +19,13 @@ import time
 from dataclasses import dataclass, field
 
 from everybyte.bench.agentic import default_trace
+from everybyte.bench.memory_report import fmt_num, goals, markdown, plot
+from everybyte.bench.memory_tiers import measure_tiers
 from everybyte.bench.report import emit, environment
 from everybyte.bench.traces import load_trace
 from everybyte.bench.traces.model import Session
 from everybyte.bench.traces.scaling import Scaling
 from everybyte.bench.traces.tokens import SessionPrompts, TokenSpace
-from everybyte.bench.memory_report import fmt_num, goals, markdown, plot
-from everybyte.bench.memory_tiers import measure_tiers
 
 PROG = "everybyte bench memory"
 RUNS = {   # name -> (kv_cache_dtype, prefix caching, kv_tiers, park during gaps)

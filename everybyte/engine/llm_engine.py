@@ -22,9 +22,9 @@ from everybyte.engine.sequence import Sequence
 from everybyte.kv.block_id import KVNamespace
 from everybyte.kv.block_manager import BlockManager
 from everybyte.kv.memory_manager import KVMemoryManager
+from everybyte.kv.pool import KVPool, format_size, kv_bytes_per_token, min_pool_bytes
 from everybyte.kv.tier_config import build_tiers
 from everybyte.kv.tier_movement import TierSet
-from everybyte.kv.pool import KVPool, format_size, kv_bytes_per_token, min_pool_bytes
 from everybyte.models.kv_scales import read_kv_scales
 from everybyte.models.loader import LoadedModel, load_model
 from everybyte.models.nvfp4_linear import weight_bytes

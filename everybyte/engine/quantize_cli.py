@@ -55,6 +55,7 @@ def _forward_with_inputs(loaded, ids: list[int], on_input, on_head_input=None):
     amax it returns); on_input(HF matrix names, x) sees every Linear's input, on_head_input(x) the
     tied LM head's (the final norm's output)."""
     import torch
+
     from everybyte.engine.model_runner import calibrate_kv_amax
     from everybyte.models.llama import Linear
     lm, hooks = loaded.model, []

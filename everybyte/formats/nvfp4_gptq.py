@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 
 from everybyte.formats import nvfp4_blocks as nb
+from everybyte.formats import nvfp4_weights
 from everybyte.formats.nvfp4_kv import quantize_blocks_best_scale
 from everybyte.formats.nvfp4_weights import PackedPart, check_weight, tensor_scale
-from everybyte.formats import nvfp4_weights
 
 DAMP = 0.01          # of H's mean diagonal, added to its diagonal (GPTQ's default)
 

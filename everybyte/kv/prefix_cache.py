@@ -16,8 +16,8 @@ import logging
 from collections import deque
 from typing import Callable, Hashable, Iterable, Sequence
 
-from everybyte.kv.eviction import EvictionPolicy, LRUPolicy, ParkedFirst, park_rank
 from everybyte.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from everybyte.kv.eviction import EvictionPolicy, LRUPolicy, ParkedFirst, park_rank
 
 log = logging.getLogger(__name__)
 ANON = None   # owner of requests without a session

@@ -9,6 +9,7 @@ import torch
 from everybyte.formats.kv_layout import hadamard
 from everybyte.models import native_ops
 
+
 def nvfp4_decode(q: torch.Tensor, cache, block_tables: torch.Tensor, lens: torch.Tensor, scale: float,
                  tails, rotate: bool) -> torch.Tensor | None:
     """q [B, Hq, D] (unrotated) -> [B, Hq, D]; lens [B] context lengths; tails (slots, own span

@@ -18,8 +18,8 @@ from everybyte.models.config import ModelConfig
 from everybyte.models.gguf_file import GGUFFile
 from everybyte.models.gguf_loader import iter_gguf_weights
 from everybyte.models.hf_loader import ARCHITECTURES, INDEX_FILE, iter_hf_weights
-from everybyte.models.modelopt import QUANT_FILE, QuantConfig, config_json_entry, hf_quant_json
 from everybyte.models.loader import load_config_and_tokenizer, resolve_dtype, resolve_model_path
+from everybyte.models.modelopt import QUANT_FILE, QuantConfig, config_json_entry, hf_quant_json
 from everybyte.models.tokenizer import Tokenizer
 
 FORMATS = ("hf",)

@@ -16,8 +16,7 @@ import threading
 import torch
 
 from everybyte.formats.nvfp4_weights import PackedPart
-from everybyte.models import gemm
-from everybyte.models import native_ops
+from everybyte.models import gemm, native_ops
 
 GEMV_MAX_ROWS = 32          # the fused kernel is faster up to here (measured: 32-64 rows), see README "Weights"
 PANEL_BYTES = 16 << 20

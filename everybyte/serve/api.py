@@ -13,10 +13,18 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from everybyte.engine.sampling_params import SamplingParams
 from everybyte.serve.async_engine import ShuttingDown
 from everybyte.serve.guard import Guard
-from everybyte.serve.protocol import (MAX_SESSION_ID, APIError, ChatCompletionRequest, CompletionRequest,
-                                      DetokenizeRequest, ParkRequest, TokenizeRequest, new_id)
-from everybyte.serve.streams import ResponseWriter
+from everybyte.serve.protocol import (
+    MAX_SESSION_ID,
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    ParkRequest,
+    TokenizeRequest,
+    new_id,
+)
 from everybyte.serve.state import ServerConfig, ServerState
+from everybyte.serve.streams import ResponseWriter
 
 log = logging.getLogger("everybyte.serve")
 SessionPath = Path(min_length=1, max_length=MAX_SESSION_ID)

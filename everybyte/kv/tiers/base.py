@@ -17,9 +17,12 @@ import warnings
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 import xxhash
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("everybyte.kv.tiers")
 
@@ -62,7 +65,7 @@ def as_bytes_view(data) -> memoryview:
     return memoryview(data).cast("B")
 
 
-def as_uint8_tensor(data) -> "torch.Tensor":
+def as_uint8_tensor(data) -> torch.Tensor:
     """A 1-D uint8 CPU tensor over bytes-like data (no copy; read-only buffers are fine to read)."""
     import torch
     if isinstance(data, torch.Tensor):

@@ -16,8 +16,18 @@ import uuid
 
 import torch
 
-from everybyte.kv.tiers.base import (FRAME, TierBackend, Unit, UnitIndex, as_bytes_view, checksum,
-                                     frame_header, io_executor, parallel, unframe)
+from everybyte.kv.tiers.base import (
+    FRAME,
+    TierBackend,
+    Unit,
+    UnitIndex,
+    as_bytes_view,
+    checksum,
+    frame_header,
+    io_executor,
+    parallel,
+    unframe,
+)
 from everybyte.kv.tiers.reader import new_progress, plan, read_into
 
 SUFFIX, PACK_SUFFIX = ".kvb", ".kvp"

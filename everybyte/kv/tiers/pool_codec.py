@@ -17,8 +17,16 @@ import torch
 
 from everybyte.formats import cpu_kernels
 from everybyte.kv.tiers.base import as_uint8_tensor, checksum
-from everybyte.kv.tiers.codec import (CHECKSUM, PREFIX, CorruptBlock, FormatMismatch, decode_block, pack_header,
-                                      plan_segments, seal)
+from everybyte.kv.tiers.codec import (
+    CHECKSUM,
+    PREFIX,
+    CorruptBlock,
+    FormatMismatch,
+    decode_block,
+    pack_header,
+    plan_segments,
+    seal,
+)
 
 _CODECS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 NAME = slice(PREFIX.size, PREFIX.size + 16)

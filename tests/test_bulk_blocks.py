@@ -8,9 +8,9 @@ import torch
 
 from everybyte.kv.block_id import KVNamespace, chain_block_ids
 from everybyte.kv.pool import KVPool
-from everybyte.kv.tiers import CorruptBlock, DiskTier, FormatMismatch, HostTier, decode_block, pool_codec
+from everybyte.kv.tiers import CorruptBlock, DiskTier, FormatMismatch, HostTier, decode_block
 from everybyte.kv.tiers.disk import RING_SLOTS, STREAM_BYTES, read_pack_table
-from everybyte.kv.tiers.pool_codec import block_tensors
+from everybyte.kv.tiers.pool_codec import block_tensors, pool_codec
 
 SHAPES = [(3, 64)] * 6
 NAMES = chain_block_ids(KVNamespace("m", block_size=16), list(range(16 * 40)))

@@ -301,3 +301,11 @@ def test_build_tiers_and_bandwidth_probe(tmp_path):
         assert bw > 0 and len(t) == 0 and t.used_bytes == 0 and t.stats.to_dict() == before
     assert load_beats_recompute(1e9, 1000, 1e3) and not load_beats_recompute(1e3, 1000, 1e3)
     assert not load_beats_recompute(0.0, 1000, 1e3)
+
+
+def test_tier_bookkeeping_imports_without_torch():
+    """kv/tiers loads its names lazily: tier movement bookkeeping and the tier base need no torch."""
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import everybyte.kv.tier_movement, everybyte.kv.tiers.base, everybyte.kv.tiers\n"
+            "assert 'everybyte.kv.tiers.disk' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)

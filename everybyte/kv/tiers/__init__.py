@@ -1,13 +1,22 @@
 """Tiers below the device (G2 host, G3 disk, G3.5 Redis or shared dir, G4 shared dir) and the
-block codec they all store. redis-py is imported only when a Redis tier is built."""
-from everybyte.kv.tiers.base import TierBackend, TierStats, io_executor
-from everybyte.kv.tiers.codec import CorruptBlock, DecodedBlock, FormatMismatch, decode_block, encode_block
-from everybyte.kv.tiers.disk import DiskTier
-from everybyte.kv.tiers.host import HostTier
-from everybyte.kv.tiers.pool_codec import PoolCodec, encode_pool_block, load_pool_block, pool_codec
-from everybyte.kv.tiers.redis_store import RedisTier
-from everybyte.kv.tiers.shared_dir import SharedDirTier
+block codec they all store. Names load on first use (PEP 562), so importing one tier module, or
+the bookkeeping that only needs `base` (kv/tier_movement), does not import the others, torch or
+redis-py."""
+from importlib import import_module
 
-__all__ = ["TierBackend", "TierStats", "io_executor", "CorruptBlock", "DecodedBlock", "FormatMismatch",
-           "decode_block", "encode_block", "encode_pool_block", "load_pool_block", "PoolCodec", "pool_codec",
-           "DiskTier", "HostTier", "RedisTier", "SharedDirTier"]
+_WHERE = {
+    "TierBackend": "base", "TierStats": "base", "io_executor": "base",
+    "CorruptBlock": "codec", "DecodedBlock": "codec", "FormatMismatch": "codec", "decode_block": "codec",
+    "encode_block": "codec",
+    "DiskTier": "disk", "HostTier": "host", "RedisTier": "redis_store", "SharedDirTier": "shared_dir",
+    "PoolCodec": "pool_codec", "encode_pool_block": "pool_codec", "load_pool_block": "pool_codec",
+}       # pool_codec() is not here: `pool_codec` names its module (from everybyte.kv.tiers.pool_codec import pool_codec)
+__all__ = list(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value

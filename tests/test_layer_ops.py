@@ -2,12 +2,11 @@
 import pytest
 import torch
 
-from everybyte.formats import cpu_kernels
-from everybyte.models import llama
+from everybyte.models import llama, native_ops
 from everybyte.models.llama import RMSNorm
 from everybyte.models.rope import RotaryEmbedding
 
-pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="no C compiler")
+pytestmark = pytest.mark.skipif(not native_ops.available(), reason="no C compiler")
 
 
 def _torch_rope(rot, pos, x):

@@ -18,7 +18,7 @@ import torch
 
 from everybyte.native import loader
 
-SOURCES = ("nvfp4_codec.c", "nvfp4_kv.c", "layer_ops.c", "block_copy.c")     # native/csrc
+SOURCES = ("nvfp4_codec.c", "nvfp4_kv.c", "block_copy.c")     # native/csrc
 
 FLAGS = loader.FLAGS                # tests swap in other -march targets
 PARALLEL_MIN_BLOCKS = 1 << 14      # below this (256K values) one thread: no OpenMP wake-up latency
@@ -34,7 +34,7 @@ def _load() -> ctypes.CDLL | None:
     try:
         lib = loader.load("nvfp4", loader.csrc(*SOURCES), flags=FLAGS)
         for name in ("init_tables", "quantize_f32", "quantize_bf16", "dequantize_f32", "dequantize_bf16",
-                     "kv_write", "kv_gather", "add_rmsnorm_f32", "rope_f32", "copy_chunks"):
+                     "kv_write", "kv_gather", "copy_chunks"):
             getattr(lib, name).restype = None
         lib.absmax_f32.restype = lib.absmax_bf16.restype = ctypes.c_uint32
         lib.progress_new.restype = ctypes.c_void_p
@@ -172,31 +172,6 @@ def kv_gather_pairs(stores: list, block_ids: torch.Tensor, dtype: torch.dtype) -
                       ctypes.c_float(s), _ptr(_e4m3), _ptr(out), bf16, _threads(n * per))
         outs.append(out)
     return outs
-
-
-def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """float32 CPU, contiguous [rows, n]: residual += x in place (when given), returns the RMS-normed
-    (residual or x) * weight."""
-    lib = _require()
-    rows, n = x.shape
-    out = torch.empty_like(x)
-    lib.add_rmsnorm_f32(_ptr(x), _ptr(residual) if residual is not None else None, _ptr(weight), _ptr(out),
-                        ctypes.c_int64(rows), ctypes.c_int64(n), ctypes.c_float(eps), _threads(rows * n, 1 << 16))
-    return out
-
-
-def rope(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor, positions: torch.Tensor
-         ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [T, Hq, D], k [T, Hkv, D] float32 CPU, each row contiguous ([H, D] dense, any row stride);
-    table [max_pos, D] (cos then sin halves); positions int64 [T]. -> contiguous rotated q, k."""
-    lib = _require()
-    T, hq, d = q.shape
-    hk = k.shape[1]
-    q_out, k_out = torch.empty(T, hq, d), torch.empty(T, hk, d)
-    lib.rope_f32(_ptr(q), ctypes.c_int64(q.stride(0)), ctypes.c_int64(hq), _ptr(k), ctypes.c_int64(k.stride(0)),
-                 ctypes.c_int64(hk), ctypes.c_int64(T), ctypes.c_int64(d), _ptr(table), _ptr(positions),
-                 _ptr(q_out), _ptr(k_out), _threads(T * (hq + hk) * d, 1 << 16))
-    return q_out, k_out
 
 
 def copy_chunks(dst: torch.Tensor, src: torch.Tensor) -> bool:

@@ -7,7 +7,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from everybyte.formats import cpu_kernels
 from everybyte.models import decode_step, gemm, native_ops
 from everybyte.models.attention import AttentionMetadata, LayerKVCache, paged_attention
 from everybyte.models.config import ModelConfig
@@ -55,7 +54,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x, residual=None):
         if _fused(x, residual, self.weight):          # one C pass a row; residual updated in place
-            out = cpu_kernels.add_rmsnorm(x, residual, self.weight, self.eps)
+            out = native_ops.add_rmsnorm(x, residual, self.weight, self.eps)
             return out if residual is None else (out, residual)
         if residual is not None:
             x = residual = x + residual
@@ -71,7 +70,7 @@ def _f32_cpu(t: torch.Tensor) -> bool:
 
 def _fused(x, residual, weight) -> bool:
     """Whether the C add+RMSNorm takes these: float32, contiguous, x 2-D, CPU."""
-    return (x.dim() == 2 and _f32_cpu(x) and _f32_cpu(weight) and cpu_kernels.available()
+    return (x.dim() == 2 and _f32_cpu(x) and _f32_cpu(weight) and native_ops.available()
             and (residual is None or (_f32_cpu(residual) and residual.shape == x.shape)))
 
 

@@ -30,6 +30,9 @@ def build(flags: list[str] | None = None) -> ctypes.CDLL:
                                            p, p, i64, p, f32, i32]
     lib.init_tables.restype = lib.silu_mul_f32.restype = lib.rotate_rows_f32.restype = None
     lib.silu_mul_f32.argtypes = [p, i64, i64, p, i32]
+    lib.add_rmsnorm_f32.restype = lib.rope_f32.restype = None
+    lib.add_rmsnorm_f32.argtypes = [p, p, p, p, i64, i64, ctypes.c_float, i32]
+    lib.rope_f32.argtypes = [p, i64, i64, p, i64, i64, i64, i64, p, p, p, p, i32]
     lib.rotate_rows_f32.argtypes = [p, i64, p, i64, p, i32]
     lib.nvfp4_init()
     lib.init_tables()
@@ -54,6 +57,32 @@ def error() -> str | None:
 
 def _f32_cpu(*ts: torch.Tensor) -> bool:
     return all(t.dtype is torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in ts)
+
+
+def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """float32 CPU, contiguous [rows, n]: residual += x in place (when given), returns the RMS-normed
+    (residual or x) * weight. Callers check available()."""
+    rows, n = x.shape
+    out = torch.empty_like(x)
+    _lib.add_rmsnorm_f32(x.data_ptr(), None if residual is None else residual.data_ptr(), weight.data_ptr(),
+                         out.data_ptr(), rows, n, eps, _threads(rows * n))
+    return out
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor, positions: torch.Tensor
+         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [T, Hq, D], k [T, Hkv, D] float32 CPU, each row contiguous ([H, D] dense, any row stride);
+    table [max_pos, D] (cos then sin halves); positions int64 [T]. -> contiguous rotated q, k."""
+    T, hq, d = q.shape
+    hk = k.shape[1]
+    q_out, k_out = torch.empty(T, hq, d), torch.empty(T, hk, d)
+    _lib.rope_f32(q.data_ptr(), q.stride(0), hq, k.data_ptr(), k.stride(0), hk, T, d, table.data_ptr(),
+                  positions.data_ptr(), q_out.data_ptr(), k_out.data_ptr(), _threads(T * (hq + hk) * d))
+    return q_out, k_out
+
+
+def available() -> bool:
+    return lib() is not None
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:

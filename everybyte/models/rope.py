@@ -6,7 +6,7 @@ import math
 import torch
 from torch import nn
 
-from everybyte.formats import cpu_kernels
+from everybyte.models import native_ops
 
 ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -43,7 +43,7 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: torch.Tensor, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Rotate each x [T, H, D] at positions [T]; computed in fp32, returned in x's dtype."""
         if len(xs) == 2 and self._fusable(positions, *xs):
-            return cpu_kernels.rope(*xs, self.cos_sin, positions)
+            return native_ops.rope(*xs, self.cos_sin, positions)
         cos, sin = self.cos_sin.float()[positions].unsqueeze(1).chunk(2, dim=-1)
         out = []
         for x in xs:
@@ -57,7 +57,7 @@ class RotaryEmbedding(nn.Module):
                            and t.stride(2) == 1 and t.stride(1) == t.shape[2])
         return (dense(q) and dense(k) and q.shape[2] == k.shape[2] == self.cos_sin.shape[1]
                 and self.cos_sin.dtype is torch.float32 and self.cos_sin.device.type == "cpu"
-                and self._in_table(positions) and cpu_kernels.available())
+                and self._in_table(positions) and native_ops.available())
 
     def _in_table(self, positions) -> bool:
         """int64, contiguous, every position a row of the table (the kernel does not bounds-check).

@@ -1,4 +1,4 @@
-/* Two fused float32 model ops (in the codec library and the model-op library).
+/* Two fused float32 model ops and SiLU x up (in the model-op library, models/native_ops.py).
  *
  * add_rmsnorm: residual += x (when given), out = w * (r / sqrt(mean(r^2) + eps)), one pass a row
  * instead of seven torch ops. rope: the rotate-half RoPE of q and k heads read from strided rows

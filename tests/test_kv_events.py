@@ -2,6 +2,9 @@
 vLLM's schema, and a real engine's events carry the namespace digest its stats state."""
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from everybyte.kv.block_id import KVNamespace, chain_block_ids
 from everybyte.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, EventLog
@@ -34,9 +37,18 @@ def test_stored_removed_cleared():
     assert log.drain().events == []
 
 
-def test_events_module_imports_without_torch():
-    code = "import sys; sys.modules['torch'] = None; import everybyte.kv.events, everybyte.kv.prefix_cache"
+CONTROL_PLANE = ["everybyte.kv.block_id", "everybyte.kv.prefix_cache", "everybyte.kv.eviction",
+                 "everybyte.kv.sessions", "everybyte.kv.ledger", "everybyte.kv.events",
+                 "everybyte.kv.block_manager", "everybyte.engine.scheduler"]   # pyproject [tool.mypy] files
+
+
+def test_control_plane_imports_without_torch():
+    code = f"import sys; sys.modules['torch'] = None; import {', '.join(CONTROL_PLANE)}"
     subprocess.run([sys.executable, "-c", code], check=True)
+    tomllib = pytest.importorskip("tomllib")                  # Python 3.11+
+    with open(Path(__file__).parents[1] / "pyproject.toml", "rb") as f:
+        files = tomllib.load(f)["tool"]["mypy"]["files"]
+    assert [m.replace(".", "/") + ".py" for m in CONTROL_PLANE] == files
 
 
 def test_engine_events_carry_its_namespace():

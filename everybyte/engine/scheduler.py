@@ -29,13 +29,13 @@ class SchedulerOutput:
     def num_batched_tokens(self) -> int:
         return sum(self.num_new_tokens)
 
-    def __bool__(self):
+    def __bool__(self) -> bool:
         return bool(self.seqs)
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int = 64,
-                 max_num_batched_tokens: int = 512, max_model_len: int = 2048):
+    def __init__(self, block_manager: BlockManager[Sequence], max_num_seqs: int = 64,
+                 max_num_batched_tokens: int = 512, max_model_len: int = 2048) -> None:
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
         self.block_manager = block_manager

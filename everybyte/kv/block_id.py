@@ -11,7 +11,7 @@ import hashlib
 import json
 import struct
 from dataclasses import dataclass, field, fields
-from typing import Sequence
+from typing import Protocol, Sequence
 
 NAME_BYTES = 16
 ROOT_PARENT = b"\x00" * NAME_BYTES
@@ -23,6 +23,15 @@ def _h(*parts: bytes) -> bytes:
     for p in parts:
         h.update(p)
     return h.digest()
+
+
+class PoolLike(Protocol):
+    """What `KVNamespace.for_pool` reads of a KVPool."""
+    kv_cache_dtype: str
+    block_size: int
+    layer_shapes: list[tuple[int, int]]
+    k_scales: list[float]
+    v_scales: list[float]
 
 
 @dataclass(frozen=True)
@@ -42,7 +51,7 @@ class KVNamespace:
     kv_fingerprint: str = ""
     digest: bytes = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
@@ -56,7 +65,7 @@ class KVNamespace:
                            self.layer_shard, tenant_salt, self.kv_fingerprint)
 
     @classmethod
-    def for_pool(cls, pool, model_id: str, revision: str = "", layer_shard: str = "all",
+    def for_pool(cls, pool: PoolLike, model_id: str, revision: str = "", layer_shard: str = "all",
                  tenant_salt: str | bytes | None = None) -> "KVNamespace":
         """A namespace for a KVPool (anything with kv_cache_dtype, block_size, layer_shapes,
         k_scales and v_scales): the fingerprint changes when shapes or scales do."""

@@ -53,39 +53,39 @@ class EvictionPolicy(ABC):
 
 
 class LRUPolicy(EvictionPolicy):
-    def __init__(self):
+    def __init__(self) -> None:
         self._order: OrderedDict[int, None] = OrderedDict()
 
-    def insert(self, block_id):
+    def insert(self, block_id: int) -> None:
         self._order[block_id] = None
         self._order.move_to_end(block_id)
 
-    def remove(self, block_id):
+    def remove(self, block_id: int) -> None:
         self._order.pop(block_id, None)
 
-    def touch(self, block_id):
+    def touch(self, block_id: int) -> None:
         if block_id in self._order:
             self._order.move_to_end(block_id)
 
-    def pop(self):
+    def pop(self) -> int | None:
         if not self._order:
             return None
         return self._order.popitem(last=False)[0]
 
-    def order(self):
+    def order(self) -> list[int]:
         return list(self._order)
 
-    def __contains__(self, block_id):
+    def __contains__(self, block_id: int) -> bool:
         return block_id in self._order
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._order)
 
 
 class FIFOPolicy(LRUPolicy):
     """Evicts in the order blocks became evictable; reuse does not refresh."""
 
-    def touch(self, block_id):
+    def touch(self, block_id: int) -> None:
         pass
 
 
@@ -93,14 +93,14 @@ class ParkedFirst(EvictionPolicy):
     """Parked sessions' blocks first, latest expected return first (unknown return = +inf, so
     first), ties in the order they became evictable; then the inner policy's order."""
 
-    def __init__(self, inner: EvictionPolicy | None = None):
+    def __init__(self, inner: EvictionPolicy | None = None) -> None:
         self.inner = inner or LRUPolicy()
         self._parked: dict[int, float] = {}      # block id -> expected return, parked blocks only
         self._evictable_parked: dict[int, int] = {}   # evictable parked block -> its heap entry tick
         self._heap: list[tuple[float, int, int]] = []
         self._tick = count()
 
-    def set_parked(self, block_id, expected_return):
+    def set_parked(self, block_id: int, expected_return: float | None) -> None:
         rank = park_rank(expected_return)
         was_evictable = block_id in self
         if was_evictable:
@@ -109,12 +109,12 @@ class ParkedFirst(EvictionPolicy):
         if was_evictable:
             self.insert(block_id)
 
-    def unpark(self, block_id):
+    def unpark(self, block_id: int) -> None:
         if self._parked.pop(block_id, None) is not None and block_id in self._evictable_parked:
             del self._evictable_parked[block_id]
             self.inner.insert(block_id)
 
-    def insert(self, block_id):
+    def insert(self, block_id: int) -> None:
         if block_id in self._parked:
             tick = self._evictable_parked[block_id] = next(self._tick)
             heapq.heappush(self._heap, (-self._parked[block_id], tick, block_id))
@@ -124,18 +124,18 @@ class ParkedFirst(EvictionPolicy):
         else:
             self.inner.insert(block_id)
 
-    def remove(self, block_id):
+    def remove(self, block_id: int) -> None:
         if self._evictable_parked.pop(block_id, None) is None:   # else its heap entry goes stale
             self.inner.remove(block_id)
 
-    def touch(self, block_id):
+    def touch(self, block_id: int) -> None:
         if block_id not in self._evictable_parked:
             self.inner.touch(block_id)
 
-    def _live(self, entry) -> bool:
+    def _live(self, entry: tuple[float, int, int]) -> bool:
         return self._evictable_parked.get(entry[2]) == entry[1]
 
-    def pop(self):
+    def pop(self) -> int | None:
         while self._heap:
             entry = heapq.heappop(self._heap)
             if self._live(entry):
@@ -144,16 +144,16 @@ class ParkedFirst(EvictionPolicy):
                 return entry[2]
         return self.inner.pop()
 
-    def order(self):
+    def order(self) -> list[int]:
         return [e[2] for e in sorted(e for e in self._heap if self._live(e))] + self.inner.order()
 
-    def num_parked(self):
+    def num_parked(self) -> int:
         return len(self._evictable_parked)
 
-    def __contains__(self, block_id):
+    def __contains__(self, block_id: int) -> bool:
         return block_id in self._evictable_parked or block_id in self.inner
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._evictable_parked) + len(self.inner)
 
 

@@ -12,34 +12,75 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict, deque
+from typing import TYPE_CHECKING, Iterable, Protocol, TypedDict
+
+if TYPE_CHECKING:
+    from everybyte.kv.prefix_cache import PrefixCache
 
 G1_CATEGORIES = ("weights", "running_kv", "parked_kv", "cached_kv", "free", "waste")
 EVENTS = ("evicted", "parked", "prestaged", "loaded", "stored", "corrupt", "dropped")
 DIRECTIONS = ("read", "write")      # relative to the tier: read = bytes out of it, write = into it
 
 
-def waste_bytes(seqs, block_size: int, bytes_per_token: int) -> int:
+class HoldsBlocks(Protocol):
+    block_table: list[int]
+
+    def __len__(self) -> int: ...
+
+
+class TierLike(Protocol):
+    """What the ledger reads of a tier backend (kv/tiers): describe() gives kind and level (str),
+    capacity, used bytes, blocks and the counters (int)."""
+    level: str
+    kind: str
+
+    def describe(self) -> dict[str, int | str]: ...
+
+
+class PrefillTokens(TypedDict):
+    computed: int
+    reused: dict[str, int]
+    reused_total: int
+    reuse_fraction: float
+
+
+class LedgerReport(TypedDict):
+    g1: dict[str, int]
+    tiers: dict[str, dict[str, int | str]]
+    prefill_tokens: PrefillTokens
+    bytes_moved: dict[str, dict[str, int]]
+    blocks: dict[str, int]
+    blocks_by_tier: dict[str, dict[str, int]]
+
+
+def _counter(d: dict[str, int | str], key: str) -> int:
+    n = d.get(key, 0)
+    assert isinstance(n, int), f"tier counter {key!r} is {n!r}"
+    return n
+
+
+def waste_bytes(seqs: Iterable[HoldsBlocks], block_size: int, bytes_per_token: int) -> int:
     """Unfilled slots in the blocks held by `seqs` (anything with len() and a block_table)."""
     return sum(max(len(s.block_table) * block_size - len(s), 0) for s in seqs) * bytes_per_token
 
 
 class ByteLedger:
-    def __init__(self, block_bytes: int = 0, weights_bytes: int = 0, history: int = 4096):
+    def __init__(self, block_bytes: int = 0, weights_bytes: int = 0, history: int = 4096) -> None:
         self.block_bytes = block_bytes
         self.weights_bytes = weights_bytes
         self._lock = threading.Lock()
         self.g1 = dict.fromkeys(G1_CATEGORIES, 0)
         self.g1["weights"] = weights_bytes
-        self.tiers: dict[str, object] = {}
+        self.tiers: dict[str, TierLike] = {}
         self.prefill_computed = 0
         self.prefill_reused: dict[str, int] = defaultdict(int)
         self.moved: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(DIRECTIONS, 0))
         self.events: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-        self.history: deque[dict] = deque(maxlen=history)
+        self.history: deque[dict[str, float]] = deque(maxlen=history)
 
     # ---- G1 --------------------------------------------------------------------------------
     def update_g1(self, *, running_blocks: int, parked_blocks: int, cached_blocks: int, free_blocks: int,
-                  waste_bytes: int = 0, padding_bytes: int = 0, weights_bytes: int | None = None) -> dict:
+                  waste_bytes: int = 0, padding_bytes: int = 0, weights_bytes: int | None = None) -> dict[str, int]:
         """Set the G1 split from block counts; waste (unfilled slots) is carved out of running KV."""
         bb = self.block_bytes
         if weights_bytes is not None:
@@ -53,13 +94,14 @@ class ByteLedger:
                        "free": free_blocks * bb, "waste": waste_bytes + padding_bytes}
             return dict(self.g1)
 
-    def update_g1_from_cache(self, prefix_cache, waste_bytes: int = 0, padding_bytes: int = 0) -> dict:
+    def update_g1_from_cache(self, prefix_cache: PrefixCache, waste_bytes: int = 0,
+                             padding_bytes: int = 0) -> dict[str, int]:
         """Same, from a PrefixCache's counts() (running / parked / cached / empty blocks)."""
         c = prefix_cache.counts()
         return self.update_g1(running_blocks=c["running"], parked_blocks=c["parked"], cached_blocks=c["cached"],
                               free_blocks=c["empty"], waste_bytes=waste_bytes, padding_bytes=padding_bytes)
 
-    def sample(self, t: float | None = None) -> dict:
+    def sample(self, t: float | None = None) -> dict[str, float]:
         """Append the current G1 split to the history (for G1-bytes-over-time plots)."""
         with self._lock:
             row = {"t": time.time() if t is None else t, **self.g1}
@@ -67,7 +109,7 @@ class ByteLedger:
         return row
 
     # ---- tiers and counters ----------------------------------------------------------------
-    def add_tier(self, tier) -> None:
+    def add_tier(self, tier: TierLike) -> None:
         """Register a tier backend; its level (G2, G3, ...) or kind keys it in reports."""
         self.tiers[tier.level or tier.kind] = tier
 
@@ -91,22 +133,22 @@ class ByteLedger:
             self.events[event][tier] += n
 
     # ---- report ----------------------------------------------------------------------------
-    def to_dict(self) -> dict:
+    def to_dict(self) -> LedgerReport:
         with self._lock:
             g1 = dict(self.g1)
             reused = dict(self.prefill_reused)
             moved = {t: dict(d) for t, d in self.moved.items()}
             events = {e: dict(d) for e, d in self.events.items()}
-        tiers = {}
+        tiers: dict[str, dict[str, int | str]] = {}
         for key, tier in self.tiers.items():
             d = tier.describe()
             tiers[key] = d
             moved.setdefault(key, dict.fromkeys(DIRECTIONS, 0))
-            moved[key]["read"] += d.get("bytes_read", 0)
-            moved[key]["write"] += d.get("bytes_written", 0)
+            moved[key]["read"] += _counter(d, "bytes_read")
+            moved[key]["write"] += _counter(d, "bytes_written")
             for event, stat in (("corrupt", "corrupt"), ("evicted", "evictions")):
-                if d.get(stat):
-                    events.setdefault(event, {})[key] = events.get(event, {}).get(key, 0) + d[stat]
+                if n := _counter(d, stat):
+                    events.setdefault(event, {})[key] = events.get(event, {}).get(key, 0) + n
         g1["total"] = sum(g1[c] for c in G1_CATEGORIES)
         reused_total = sum(reused.values())
         return {

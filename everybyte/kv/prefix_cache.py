@@ -53,7 +53,7 @@ class PrefixCache:
         self.names: list[bytes | None] = [None] * num_blocks
         self.by_name: dict[bytes, int] = {}
         self.empty: deque[int] = deque(range(num_blocks))
-        self.owners: dict[int, set] = {}                 # named block -> sessions (or ANON) using it
+        self.owners: dict[int, set[Hashable]] = {}       # named block -> sessions (or ANON) using it
         self.session_blocks: dict[Hashable, set[int]] = {}
         self.parked: dict[Hashable, float | None] = {}   # session -> expected return (None: unknown)
         self._freed_at = [0] * num_blocks                 # when each block was last freed (a tick)
@@ -93,10 +93,16 @@ class PrefixCache:
     def evictable_order(self) -> list[int]:
         return self.policy.order()
 
+    def _cached_name(self, block_id: int) -> bytes:
+        """The name of a block that must have one (evictable, or held by a session)."""
+        name = self.names[block_id]
+        assert name is not None, f"block {block_id} has no name"
+        return name
+
     # ---- lookup and sharing -------------------------------------------------------------------
     def lookup(self, names: Sequence[bytes]) -> list[int]:
         """Device blocks of the longest cached prefix of `names`; changes nothing."""
-        hits = []
+        hits: list[int] = []
         for name in names:
             b = self.by_name.get(name)
             if b is None:
@@ -135,7 +141,7 @@ class PrefixCache:
         """n fresh blocks (ref count 1, unnamed): empty blocks first, then evicted cached ones."""
         if n > self.num_free_blocks:
             raise NoFreeBlocks(f"need {n} blocks, {self.num_free_blocks} free or evictable")
-        out = []
+        out: list[int] = []
         for _ in range(n):
             b = self.empty.popleft() if self.empty else self._evict_one()[0]
             self.ref[b] = 1
@@ -145,17 +151,19 @@ class PrefixCache:
     def _evict_one(self) -> tuple[int, bytes]:
         b = self.policy.pop()
         assert b is not None and self.ref[b] == 0, "policy returned a block in use"
+        name = self._cached_name(b)
         if self.on_evict is not None:
             try:
-                self.on_evict(b, self.names[b])
+                self.on_evict(b, name)
             except Exception:    # a failed write-down only costs a recompute later
                 log.exception("on_evict failed for block %d; its content is dropped", b)
         self.stats["evictions"] += 1
-        return b, self._forget(b)
+        self._forget(b)
+        return b, name
 
     def evict(self, n: int = 1) -> list[tuple[int, bytes]]:
         """Evict up to n cached blocks now (policy order) and make them empty; returns (id, name)."""
-        out = []
+        out: list[tuple[int, bytes]] = []
         while len(out) < n and len(self.policy):
             out.append(self._evict_one())
             self.empty.append(out[-1][0])
@@ -163,17 +171,19 @@ class PrefixCache:
 
     def evict_blocks(self, block_ids: Iterable[int]) -> list[tuple[int, bytes]]:
         """Evict these cached (unreferenced) blocks now, e.g. a parked session's; returns (id, name)."""
-        out = []
+        out: list[tuple[int, bytes]] = []
         for b in block_ids:
-            if self.ref[b] == 0 and self.names[b] is not None:
+            name = self.names[b]
+            if self.ref[b] == 0 and name is not None:
                 self.policy.remove(b)
                 if self.on_evict is not None:
                     try:
-                        self.on_evict(b, self.names[b])
+                        self.on_evict(b, name)
                     except Exception:
                         log.exception("on_evict failed for block %d; its content is dropped", b)
                 self.stats["evictions"] += 1
-                out.append((b, self._forget(b)))
+                self._forget(b)
+                out.append((b, name))
                 self.empty.append(b)
         return out
 
@@ -199,9 +209,10 @@ class PrefixCache:
         that one is returned (the caller may switch to it); this block then stays unnamed."""
         if self.ref[block_id] < 1:
             raise ValueError(f"block {block_id} is not in use")
-        if self.names[block_id] is not None:
-            if self.names[block_id] != name:
-                raise ValueError(f"block {block_id} is already named {self.names[block_id].hex()}")
+        current = self.names[block_id]
+        if current is not None:
+            if current != name:
+                raise ValueError(f"block {block_id} is already named {current.hex()}")
             self._own(block_id, owner)
             return block_id
         other = self.by_name.get(name)
@@ -273,7 +284,7 @@ class PrefixCache:
         blocks = self._session_order(session_id)
         for b in blocks:
             self._reclass(b)
-        return [(b, self.names[b]) for b in blocks]
+        return [(b, self._cached_name(b)) for b in blocks]
 
     def unpark(self, session_id: Hashable) -> list[tuple[int, bytes]]:
         """The session is back; its blocks return to ordinary order. Returns its device blocks."""
@@ -281,20 +292,21 @@ class PrefixCache:
         blocks = self._session_order(session_id)
         for b in blocks:
             self._reclass(b)
-        return [(b, self.names[b]) for b in blocks]
+        return [(b, self._cached_name(b)) for b in blocks]
 
     def drop(self, session_id: Hashable, keep: Callable[[bytes], bool] | None = None) -> list[bytes]:
         """Forget the session: blocks only it used, nobody holds and `keep(name)` does not claim
         are emptied now; returns their names (the caller deletes them from lower tiers too)."""
         self.parked.pop(session_id, None)
-        freed = []
+        freed: list[bytes] = []
         for b in sorted(self.session_blocks.pop(session_id, ())):
             owners = self.owners.get(b, set())
             owners.discard(session_id)
-            if not owners and self.ref[b] == 0 and self.names[b] is not None \
-                    and not (keep is not None and keep(self.names[b])):
+            name = self.names[b]
+            if not owners and self.ref[b] == 0 and name is not None and not (keep is not None and keep(name)):
                 self.policy.remove(b)
-                freed.append(self._forget(b))
+                self._forget(b)
+                freed.append(name)
                 self.empty.append(b)
             else:
                 self._reclass(b)
@@ -304,7 +316,7 @@ class PrefixCache:
         """Forget every cached (unreferenced) block without eviction callbacks; returns how many."""
         n, hook = 0, self.on_event
         self.on_event = None                  # one AllBlocksCleared (or the removals) instead of n events
-        removed = []
+        removed: list[bytes | None] = []
         try:
             while (b := self.policy.pop()) is not None:
                 removed.append(self._forget(b))

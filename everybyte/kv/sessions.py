@@ -26,7 +26,7 @@ class Session:
     last_active: float = 0.0
 
 
-def check_gap(expected_gap_s) -> float | None:
+def check_gap(expected_gap_s: object) -> float | None:
     """An expected gap is None or a finite number of seconds in [0, MAX_GAP_S]."""
     if expected_gap_s is None:
         return None
@@ -94,7 +94,8 @@ class SessionTable:
     def over_limits(self, keep: str | None = None) -> list[str]:
         """Sessions to expire now: idle past the timeout, then the least recently active beyond
         max_sessions (never `keep`, the one being used)."""
-        out, cutoff = [], self.clock() - self.idle_timeout_s
+        out: list[str] = []
+        cutoff = self.clock() - self.idle_timeout_s
         excess = len(self.sessions) - self.max_sessions
         for sid, s in self.sessions.items():
             if sid == keep:

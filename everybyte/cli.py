@@ -17,15 +17,15 @@ COMMANDS = {
 }
 
 BENCHMARKS = {
-    "formats": ("everybyte.bench.formats", "NVFP4/FP8 quantize and dequantize throughput vs copy"),
+    "formats": ("everybyte.bench.micro.formats", "NVFP4/FP8 quantize and dequantize throughput vs copy"),
     "engine": ("everybyte.bench.engine", "prefill and decode tokens/s vs transformers"),
     "serve": ("everybyte.bench.serve", "the same 64-client workload over HTTP and in process"),
-    "kv-quality": ("everybyte.bench.kv_quality", "perplexity and speed per KV cache format"),
-    "weights-quality": ("everybyte.bench.weights_quality", "perplexity of NVFP4 weights vs fp32 weights, and of each choice"),
+    "kv-quality": ("everybyte.bench.micro.kv_quality", "perplexity and speed per KV cache format"),
+    "weights-quality": ("everybyte.bench.micro.weights_quality", "perplexity of NVFP4 weights vs fp32 weights, and of each choice"),
     "weights-sharing": ("everybyte.bench.weights_sharing", "PSS of N servers of one NVFP4 checkpoint: one copy of the weights"),
     "agentic": ("everybyte.bench.agentic", "replay recorded agent sessions against an endpoint or the embedded engine"),
-    "memory": ("everybyte.bench.memory", "levers off vs each lever vs all: prefill computed, resumed-turn TTFT, tok/s, G1 ledger"),
-    "disk-reader": ("everybyte.bench.disk_reader", "the disk tier's reader (C and Python) vs a plain sequential read"),
+    "memory": ("everybyte.bench.micro.memory", "levers off vs each lever vs all: prefill computed, resumed-turn TTFT, tok/s, G1 ledger"),
+    "disk-reader": ("everybyte.bench.micro.disk_reader", "the disk tier's reader (C and Python) vs a plain sequential read"),
     "compare": ("everybyte.bench.compare", "everybyte's server vs peer servers (bench/peers/) on the same trace"),
 }
 

@@ -1,6 +1,6 @@
 import json
 
-from everybyte.bench.disk_reader import main
+from everybyte.bench.micro.disk_reader import main
 
 
 def test_disk_reader_bench_reports_each_reader_against_the_plain_read(tmp_path, capsys):

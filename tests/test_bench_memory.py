@@ -1,7 +1,7 @@
 """`everybyte bench memory` smoke: 2 sessions x 2 turns, levers off vs all, on the real default model."""
 import json
 
-from everybyte.bench.memory import main
+from everybyte.bench.micro.memory import main
 
 TRACE = ("synthetic:sessions=6,turns=3,system_tokens=128,first_tokens=64,append_tokens=32,output_tokens=8,"
          "gap_s=0.3,gap_sigma=0.2,block_size=16,seed=0")

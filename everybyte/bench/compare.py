@@ -25,7 +25,6 @@ from pathlib import Path
 import httpx
 
 from everybyte.bench.report import emit
-from everybyte.kv.pool import parse_size
 
 PROG = "everybyte bench compare"
 PEERS_DIR = Path(__file__).resolve().parents[2] / "bench" / "peers"
@@ -273,8 +272,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2
     if args.model is None:
-        from everybyte.models.default_model import default_model_path
+        from everybyte import default_model_path
         args.model = str(default_model_path())
+    from everybyte.engine.config import EngineConfig
     if args.out:
         os.makedirs(args.out, exist_ok=True)
     work = args.out or tempfile.mkdtemp(prefix="everybyte-compare-")
@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             cmd, notes = mod.command(args.model, port, n_ctx=args.ctx, threads=args.threads,
                                      parallel=args.concurrency, cache_bytes=args.peer_cache_bytes,
-                                     kv_bytes=parse_size(args.kv_cache))
+                                     kv_bytes=EngineConfig(kv_cache_bytes=args.kv_cache).kv_cache_bytes)
         except PeerError as e:
             print(f"{PROG}: {e}", file=sys.stderr)
             return 2

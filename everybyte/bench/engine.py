@@ -68,7 +68,7 @@ def run_everybyte(a) -> dict:
         assert all(len(o.token_ids) == a.new_tokens for o in outs)
         decode[str(b)] = b * a.new_tokens / dt
     return {"prefill_tok_s": prefill, "decode_tok_s": decode, "dtype": str(llm.config.dtype),
-            "kv_pool": llm.pool.describe(), "threads": torch.get_num_threads(),
+            "kv_pool": llm.stats()["kv_pool"], "threads": torch.get_num_threads(),
             "weights_format": llm.loaded.weights_format, "weights_bytes": llm.weights_bytes}
 
 
@@ -77,8 +77,8 @@ def run_transformers(a) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging
 
+    from everybyte import default_model_path
     from everybyte.engine.config import resolve_dtype
-    from everybyte.models.default_model import default_model_path
     logging.set_verbosity_error()
     logging.disable_progress_bar()
     path = a.model or default_model_path()
@@ -118,7 +118,7 @@ def run_llama_server(a) -> dict:
     import tempfile
     from pathlib import Path
 
-    from everybyte.models.default_model import default_model_path
+    from everybyte import default_model_path
     path = Path(__file__).resolve().parents[2] / "bench" / "peers" / "llama_server_decode.py"
     spec = importlib.util.spec_from_file_location("everybyte_llama_server_decode", path)
     mod = importlib.util.module_from_spec(spec)

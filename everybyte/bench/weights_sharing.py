@@ -12,6 +12,7 @@ processes stays one copy. The baseline in the same run: the same N servers with
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -82,8 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp)
         model = Path(a.model) if a.model else None
         if model is None:
-            from everybyte.engine.quantize_cli import quantize_checkpoint
-            model = quantize_checkpoint(None, tmp / "nvfp4")
+            cmd = [sys.executable, "-m", "everybyte.cli", "quantize", "--to", "nvfp4", str(tmp / "nvfp4")]
+            out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+            model = Path(out.strip().splitlines()[-1])
         size = (model / "model.safetensors").stat().st_size
         runs = {f"nvfp4/{n}": measure(a, model, n, "auto", tmp) for n in counts}
         if not a.no_baseline:

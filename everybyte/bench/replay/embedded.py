@@ -31,10 +31,10 @@ class EmbeddedBackend:
         self.info: dict = {}
 
     async def start(self) -> dict:
-        from everybyte.engine.llm_engine import LLMEngine
+        from everybyte import LLM
 
         try:
-            self.engine = await asyncio.to_thread(LLMEngine, self.model_arg, **self.engine_kwargs)
+            self.engine = await asyncio.to_thread(LLM, self.model_arg, **self.engine_kwargs)
         except (ValueError, RuntimeError, OSError) as e:
             raise EndpointError(f"cannot start the embedded engine: {e}") from e
         e = self.engine
@@ -51,7 +51,7 @@ class EmbeddedBackend:
 
     # ---- engine thread ------------------------------------------------------------------------
     def _loop(self) -> None:
-        from everybyte.engine.sampling_params import SamplingParams
+        from everybyte import SamplingParams
 
         e = self.engine
         while True:

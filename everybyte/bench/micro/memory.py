@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass, field
 
 from everybyte.bench.agentic import default_trace
-from everybyte.bench.memory_report import fmt_num, goals, markdown, plot
-from everybyte.bench.memory_tiers import measure_tiers
+from everybyte.bench.micro.memory_report import fmt_num, goals, markdown, plot
+from everybyte.bench.micro.memory_tiers import measure_tiers
 from everybyte.bench.report import emit, environment
 from everybyte.bench.traces import load_trace
 from everybyte.bench.traces.model import Session

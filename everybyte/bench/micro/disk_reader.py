@@ -17,7 +17,7 @@ import time
 import torch
 
 from everybyte.bench import report
-from everybyte.bench.memory_tiers import _DiskRead
+from everybyte.bench.micro.memory_tiers import _DiskRead
 from everybyte.kv.tiers import reader
 from everybyte.kv.tiers.disk import READ_SIZE, RING_SLOTS, STREAM_BYTES
 

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from everybyte.bench.kv_quality import REFERENCE_PPL, TEXTS, teacher_forced
+from everybyte.bench.micro.kv_quality import REFERENCE_PPL, TEXTS, teacher_forced
 from everybyte.bench.report import emit, environment
 
 # name -> (weights_dtype, exclude, block-scale divisors or None (default), kv_cache_dtype, quantize method)

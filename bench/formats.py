@@ -1,7 +1,0 @@
-"""NVFP4/FP8 codec throughput vs copy bandwidth: same as `everybyte bench formats`."""
-import sys
-
-from everybyte.bench.formats import main
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -56,10 +56,6 @@ def _weight(module, keep: list) -> _Weight | None:
                    None if bias is None else bias.data_ptr())
 
 
-def _f32(t: torch.Tensor) -> bool:
-    return t.dtype is torch.float32 and t.device.type == "cpu" and t.is_contiguous()
-
-
 class _Plan:
     """The layer table of one model over one set of layer KV caches (None fields: does not apply)."""
 
@@ -68,7 +64,7 @@ class _Plan:
         cfg, model = lm.config, lm.model
         attn0 = model.layers[0].self_attn
         if (cfg.qk_norm or attn0.head_dim % 16
-                or attn0.head_dim > 256 or not _f32(lm.rotary.cos_sin) or not _f32(model.norm.weight)):
+                or attn0.head_dim > 256 or not native_ops.f32_cpu(lm.rotary.cos_sin, model.norm.weight)):
             return
         layers = (_Layer * len(model.layers))()
         for i, (layer, cache) in enumerate(zip(model.layers, kv_caches)):
@@ -78,9 +74,9 @@ class _Plan:
             norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
             if (None in ws or cache.fmt.name != "nvfp4" or None in stores
                     or not all(t.device.type == "cpu" and t.is_contiguous() for t in stores)
-                    or not all(_f32(n) for n in norms)):
+                    or not native_ops.f32_cpu(*norms)):
                 return
-            tails = cache.tail_k is not None and _f32(cache.tail_k) and _f32(cache.tail_v)
+            tails = cache.tail_k is not None and native_ops.f32_cpu(cache.tail_k, cache.tail_v)
             if cache.tail_k is not None and not tails:
                 return
             layers[i] = _Layer(*ws, *(n.data_ptr() for n in norms), *(t.data_ptr() for t in stores),

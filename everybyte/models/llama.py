@@ -64,14 +64,10 @@ class RMSNorm(nn.Module):
         return h if residual is None else (h, residual)
 
 
-def _f32_cpu(t: torch.Tensor) -> bool:
-    return t.dtype is torch.float32 and t.device.type == "cpu" and t.is_contiguous()
-
-
 def _fused(x, residual, weight) -> bool:
     """Whether the C add+RMSNorm takes these: float32, contiguous, x 2-D, CPU."""
-    return (x.dim() == 2 and _f32_cpu(x) and _f32_cpu(weight) and native_ops.available()
-            and (residual is None or (_f32_cpu(residual) and residual.shape == x.shape)))
+    return (x.dim() == 2 and native_ops.f32_cpu(x, weight) and native_ops.available()
+            and (residual is None or (native_ops.f32_cpu(residual) and residual.shape == x.shape)))
 
 
 class Attention(nn.Module):

@@ -55,7 +55,8 @@ def error() -> str | None:
     return _error
 
 
-def _f32_cpu(*ts: torch.Tensor) -> bool:
+def f32_cpu(*ts: torch.Tensor) -> bool:
+    """Whether every tensor is float32, on CPU and contiguous (what the model-op kernels take)."""
     return all(t.dtype is torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in ts)
 
 
@@ -87,7 +88,7 @@ def available() -> bool:
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
     """silu(gate) * up of [rows, 2 * inter] ([gate | up]) float32 CPU rows; None: not applicable."""
-    if gate_up.dim() != 2 or not _f32_cpu(gate_up) or lib() is None:
+    if gate_up.dim() != 2 or not f32_cpu(gate_up) or lib() is None:
         return None
     rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
     out = torch.empty(rows, inter)
@@ -98,7 +99,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
 def rotate_rows(x: torch.Tensor, h: torch.Tensor) -> torch.Tensor | None:
     """x @ h over the last dim (D <= 256, a multiple of 16) for float32 CPU tensors; None: not applicable."""
     D = h.shape[0]
-    if not _f32_cpu(x, h) or x.shape[-1] != D or D % 16 or D > 256 or lib() is None:
+    if not f32_cpu(x, h) or x.shape[-1] != D or D % 16 or D > 256 or lib() is None:
         return None
     out = torch.empty_like(x)
     n = x.numel() // D

@@ -151,3 +151,22 @@ def test_turn_arriving_mid_prestage_waits_for_it(loaded, reference):
     assert outs[rid].num_cached_tokens == kept > 0 and outs[rid].token_ids == reference(turn2)
     mem = llm.stats()["memory"]
     assert mem["prefill_tokens"]["reused"]["G2"] == kept and mem["blocks"]["prestaged"] == n
+
+
+def test_a_loads_deadline_passes_only_on_the_injected_clock(loaded, reference):
+    """On a virtual clock a held load waits through any number of steps (however long they take
+    on the wall clock) and times out into a recompute at the step after the clock passes its deadline."""
+    from everybyte.kv.clock import VirtualClock
+    clock = VirtualClock()
+    llm = LLM(loaded, kv_tiers="host:64MiB", kv_load_timeout_s=1.0, clock=clock, **ENGINE)
+    prompt = SYSTEM + "Task: add a retry to the HTTP client."
+    in_g2_only(llm, prompt)
+    gate_tier(llm)
+    rid = llm.add_request(prompt, GREEDY)
+    for _ in range(5):
+        assert llm.step() == [] and llm.block_manager.has_pending_loads()
+    clock.advance(1.5)
+    outs = []
+    while llm.has_unfinished_requests():
+        outs += [o for o in llm.step() if o.request_id == rid]
+    assert outs[-1].num_cached_tokens == 0 and outs[-1].token_ids == reference(prompt)

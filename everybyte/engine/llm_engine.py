@@ -21,6 +21,7 @@ from everybyte.engine.scheduler import Scheduler
 from everybyte.engine.sequence import Sequence
 from everybyte.kv.block_id import KVNamespace
 from everybyte.kv.block_manager import BlockManager
+from everybyte.kv.clock import SYSTEM, Clock
 from everybyte.kv.memory_manager import KVMemoryManager
 from everybyte.kv.pool import KVPool, format_size, kv_bytes_per_token, min_pool_bytes
 from everybyte.kv.tier_config import build_tiers
@@ -42,7 +43,9 @@ class _Request:
 class LLMEngine:
     LOAD_WAIT_S = 0.05
 
-    def __init__(self, model: str | LoadedModel | None = None, **kwargs):
+    def __init__(self, model: str | LoadedModel | None = None, clock: Clock | None = None, **kwargs):
+        """clock: what the engine, scheduler and KV control read for time (default the system's)."""
+        self.clock = clock or SYSTEM
         cfg = self.config = EngineConfig(**kwargs)
         set_threads()
         loaded = model if isinstance(model, LoadedModel) else load_model(model, dtype=cfg.dtype,
@@ -71,7 +74,7 @@ class LLMEngine:
         self.model_runner = ModelRunner(loaded.model, self.pool, Sampler(cfg.seed), cfg.kv_exact_tail)
         self.block_manager = self._block_manager(mc)
         self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens,
-                                   self.max_model_len)
+                                   self.max_model_len, self.clock)
         self.eos_token_ids = set(self.tokenizer.eos_token_ids) | set(mc.eos_token_ids)
         self.sampling_defaults = sampling_defaults(mc)      # for the fields a request leaves unset
         self.requests: dict[str, _Request] = {}
@@ -89,7 +92,7 @@ class LLMEngine:
         return KVMemoryManager(self.pool, ns, tiers, offload_on_park=cfg.offload_on_park,
                                load_timeout_s=cfg.kv_load_timeout_s,
                                restart_blocks=tail.span // tail.block_size if tail else 1,
-                               max_sessions=cfg.max_sessions, session_idle_s=cfg.session_idle_s)
+                               max_sessions=cfg.max_sessions, session_idle_s=cfg.session_idle_s, clock=self.clock)
 
     def _kv_amax(self, loaded: LoadedModel) -> tuple[list[float], list[float], bool]:
         """Per-layer K/V amax, and whether they go on the power-of-two grid: the checkpoint's own
@@ -129,7 +132,7 @@ class LLMEngine:
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self.requests:
             raise ValueError(f"request_id {rid!r} is already in use")
-        seq = Sequence(ids, params, rid, text)
+        seq = Sequence(ids, params, rid, text, arrival_time=self.clock.time())
         seq.session_id, seq.cache_salt = session_id, cache_salt
         self.scheduler.check(seq)
         return seq
@@ -167,9 +170,9 @@ class LLMEngine:
         With nothing to compute but blocks loading from a tier, waits for a load (up to
         LOAD_WAIT_S, so a server loop still takes new requests) instead of returning at once."""
         sched = self.scheduler.schedule()
-        bm, deadline = self.block_manager, time.monotonic() + self.LOAD_WAIT_S
-        while not sched.seqs and bm.has_pending_loads() and (left := deadline - time.monotonic()) > 0:
-            bm.wait_loads(left)
+        bm = self.block_manager
+        if not sched.seqs and bm.has_pending_loads():      # one real wait: a virtual clock may stand still
+            bm.wait_loads(self.LOAD_WAIT_S)
             sched = self.scheduler.schedule()
         if not sched.seqs:
             return []
@@ -179,7 +182,7 @@ class LLMEngine:
         self._account_prefill(sched, time.perf_counter() - t0)
         for seq, n in zip(sched.seqs, sched.num_new_tokens):
             seq.num_computed_tokens += n
-        now, outputs = time.time(), []
+        now, outputs = self.clock.time(), []
         for k, i in enumerate(rows):
             req = self.requests[sched.seqs[i].request_id]
             self._append(req, out.token_ids[k], out.logprobs[k], now)

@@ -11,12 +11,12 @@ and joins the running ones at the first step after its blocks are in.
 """
 from __future__ import annotations
 
-import time
 from collections import deque
 from dataclasses import dataclass, field
 
 from everybyte.engine.sequence import Sequence, SequenceStatus
 from everybyte.kv.block_manager import BlockManager
+from everybyte.kv.clock import SYSTEM, Clock
 
 
 @dataclass
@@ -35,10 +35,10 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager[Sequence], max_num_seqs: int = 64,
-                 max_num_batched_tokens: int = 512, max_model_len: int = 2048) -> None:
+                 max_num_batched_tokens: int = 512, max_model_len: int = 2048, clock: Clock = SYSTEM) -> None:
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
-        self.block_manager = block_manager
+        self.block_manager, self.clock = block_manager, clock
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -101,7 +101,7 @@ class Scheduler:
         self.running = kept
         if out.preempted:
             return out
-        now = time.time()
+        now = self.clock.time()
         while self.waiting and budget > 0 and len(self.running) + len(self.loading) < self.max_num_seqs:
             seq = self.waiting[0]
             if not bm.can_allocate(seq):
@@ -132,7 +132,7 @@ class Scheduler:
     def finish(self, seq: Sequence, reason: str) -> None:
         seq.finish_reason = reason
         seq.status = SequenceStatus.FINISHED
-        seq.metrics.finished_time = time.time()
+        seq.metrics.finished_time = self.clock.time()
         self.block_manager.deallocate(seq)
         for queue in (self.running, self.waiting, self.loading):
             if seq in queue:

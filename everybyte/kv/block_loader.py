@@ -18,13 +18,13 @@ from __future__ import annotations
 import concurrent.futures as cf
 import logging
 import threading
-import time
 from dataclasses import dataclass, field
 from itertools import takewhile
 from typing import Hashable
 
 import torch
 
+from everybyte.kv.clock import SYSTEM, Clock
 from everybyte.kv.tier_movement import TierSet
 from everybyte.kv.tiers.base import job_executor
 from everybyte.kv.tiers.pool_codec import pool_codec
@@ -49,8 +49,8 @@ class LoadJob:
 
 
 class BlockLoader:
-    def __init__(self, pool, tiers: TierSet, timeout_s: float = 10.0):
-        self.pool, self.tiers, self.timeout_s = pool, tiers, timeout_s
+    def __init__(self, pool, tiers: TierSet, timeout_s: float = 10.0, clock: Clock = SYSTEM):
+        self.pool, self.tiers, self.timeout_s, self.clock = pool, tiers, timeout_s, clock
         self.codec = pool_codec(pool)
         self.jobs: list[LoadJob] = []
         self.inflight: dict[bytes, tuple[LoadJob, int]] = {}     # name -> (job, index in the job)
@@ -61,7 +61,7 @@ class BlockLoader:
     def start(self, names: list[bytes], blocks: list[int], owner: Hashable = None,
               prestage: bool = False) -> LoadJob:
         """Load `names` into `blocks` (the caller gives the job one reference on each)."""
-        job = LoadJob(list(names), list(blocks), owner, prestage, time.monotonic() + self.timeout_s)
+        job = LoadJob(list(names), list(blocks), owner, prestage, self.clock.monotonic() + self.timeout_s)
         for i, name in enumerate(job.names):
             self.inflight.setdefault(name, (job, i))
         self.jobs.append(job)
@@ -74,7 +74,7 @@ class BlockLoader:
 
     def finished(self) -> list[LoadJob]:
         """Jobs done, or past their deadline (cancelled); each is returned once."""
-        now, out = time.monotonic(), []
+        now, out = self.clock.monotonic(), []
         for job in self.jobs:
             if not job.future.done() and now >= job.deadline:
                 self.cancel(job)
@@ -95,9 +95,10 @@ class BlockLoader:
         """Block until a job finishes (or a deadline passes), at most `timeout` s; True if one did."""
         if not self.jobs:
             return False
-        timeout = min(timeout, max(min(j.deadline for j in self.jobs) - time.monotonic(), 0.0))
+        timeout = min(timeout, max(min(j.deadline for j in self.jobs) - self.clock.monotonic(), 0.0))
         done, _ = cf.wait([j.future for j in self.jobs], timeout, return_when=cf.FIRST_COMPLETED)
-        return bool(done) or any(time.monotonic() >= j.deadline for j in self.jobs)
+        now = self.clock.monotonic()
+        return bool(done) or any(now >= j.deadline for j in self.jobs)
 
     @staticmethod
     def cancel(job: LoadJob) -> None:

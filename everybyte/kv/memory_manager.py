@@ -18,6 +18,7 @@ import logging
 from everybyte.kv.block_id import KVNamespace, chain_block_ids
 from everybyte.kv.block_loader import BlockLoader
 from everybyte.kv.block_manager import BlockManager
+from everybyte.kv.clock import SYSTEM, Clock
 from everybyte.kv.events import EventLog
 from everybyte.kv.ledger import ByteLedger, waste_bytes
 from everybyte.kv.prefix_cache import PrefixCache
@@ -31,7 +32,8 @@ log = logging.getLogger(__name__)
 class KVMemoryManager(BlockManager):
     def __init__(self, pool, namespace: KVNamespace, tiers: TierSet | None = None,
                  ledger: ByteLedger | None = None, offload_on_park: bool = True, load_timeout_s: float = 10.0,
-                 restart_blocks: int = 1, max_sessions: int = 10000, session_idle_s: float = 3600.0):
+                 restart_blocks: int = 1, max_sessions: int = 10000, session_idle_s: float = 3600.0,
+                 clock: Clock = SYSTEM):
         super().__init__(pool.num_blocks, pool.block_size)
         self.restart_blocks = restart_blocks      # a reusing sequence computes from a multiple of this
         self.pool, self.ns = pool, namespace
@@ -41,14 +43,14 @@ class KVMemoryManager(BlockManager):
         for t in self.tiers.tiers:
             self.ledger.add_tier(t)
         self.cache = PrefixCache(pool.num_blocks, on_evict=self._write_down, block_size=pool.block_size)
-        self.sessions = SessionTable(max_sessions, session_idle_s)
+        self.sessions = SessionTable(max_sessions, session_idle_s, clock.time)
         self.offload_on_park = offload_on_park
         self._names: dict[int, list[bytes]] = {}      # seq_id -> names of its full blocks
         self._committed: dict[int, int] = {}          # seq_id -> blocks already committed
         self.running: dict[int, object] = {}          # seq_id -> sequence holding blocks
         self.query_tokens = self.hit_tokens = 0       # prompt tokens looked up / found in any tier
         self.codec = pool_codec(pool)
-        self.loader = BlockLoader(pool, self.tiers, load_timeout_s)
+        self.loader = BlockLoader(pool, self.tiers, load_timeout_s, clock)
         self.loading: dict[int, tuple] = {}           # seq_id -> (seq, jobs, G1 hits, tier per hit, first admission)
         self._loaded_from: dict[int, str] = {}        # G1 block -> tier a job loaded it from, until reused
         self._evicting: list[tuple[int, bytes]] = []  # evicted blocks to write down in one batch

@@ -39,7 +39,8 @@ def test_stored_removed_cleared():
 
 CONTROL_PLANE = ["everybyte.kv.block_id", "everybyte.kv.prefix_cache", "everybyte.kv.eviction",
                  "everybyte.kv.sessions", "everybyte.kv.ledger", "everybyte.kv.events", "everybyte.kv.clock",
-                 "everybyte.kv.block_manager", "everybyte.engine.scheduler"]   # pyproject [tool.mypy] files
+                 "everybyte.kv.mover", "everybyte.kv.block_manager", "everybyte.engine.scheduler",
+                 "everybyte.engine.core"]   # pyproject [tool.mypy] files
 
 
 def test_control_plane_imports_without_torch():

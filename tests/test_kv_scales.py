@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 from everybyte import LLM, SamplingParams
-from everybyte.engine import llm_engine
+from everybyte.engine import assembly
 from everybyte.engine.model_runner import CALIBRATION_TEXT, calibrate_kv_amax
 from everybyte.models.default_model import default_model_path
 from everybyte.models.hf_export import export_hf
@@ -121,7 +121,7 @@ def test_checkpoint_scales_are_used_as_they_are(kv_cache_dtype, hf_dir, tmp_path
 
     def no_calibration(*args, **kwargs):
         raise AssertionError("a checkpoint with k_scale/v_scale must not be calibrated")
-    monkeypatch.setattr(llm_engine, "calibrate_kv_amax", no_calibration)
+    monkeypatch.setattr(assembly, "calibrate_kv_amax", no_calibration)
     llm = LLM(str(ckpt), kv_cache_dtype=kv_cache_dtype, **ENGINE)
     t = kv_scale_tensors(amax, kv_cache_dtype)
     assert llm.pool.k_scales == [float(t[k_scale_name(i)]) for i in range(n)]

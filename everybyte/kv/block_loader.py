@@ -4,7 +4,7 @@ A LoadJob locates a run of names across the tiers (first tier that has each), re
 streamed batch read per tier), and as each part comes in checks its blocks against the pool's
 header and copies the good ones into the job's G1 blocks with one strided copy per pool field and run
 (pool_codec), so a disk read and the copies overlap; all on a worker thread while the engine
-keeps stepping other requests. The engine thread starts jobs and,
+keeps stepping other requests. It is the real KVMover (kv/mover.py). The engine thread starts jobs and,
 once per step, collects the finished ones to name their blocks in the prefix cache.
 
 A job holds a reference on its blocks until it is collected, so they never go to another request
@@ -18,13 +18,13 @@ from __future__ import annotations
 import concurrent.futures as cf
 import logging
 import threading
-from dataclasses import dataclass, field
 from itertools import takewhile
 from typing import Hashable
 
 import torch
 
 from everybyte.kv.clock import SYSTEM, Clock
+from everybyte.kv.mover import LoadJob
 from everybyte.kv.tier_movement import TierSet
 from everybyte.kv.tiers.base import job_executor
 from everybyte.kv.tiers.pool_codec import pool_codec
@@ -33,31 +33,20 @@ log = logging.getLogger(__name__)
 SCRATCH_MAX = 64 << 20            # a disk read asks for a few MiB (see DiskTier._read_frames)
 
 
-@dataclass(eq=False)
-class LoadJob:
-    names: list[bytes]
-    blocks: list[int]
-    owner: Hashable
-    prestage: bool
-    deadline: float
-    future: cf.Future | None = None
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    cancelled: bool = False
-    finished: bool = False                                  # collected by BlockLoader.finished()
-    loaded: list[str] = field(default_factory=list)         # tier level of each loaded block, in order
-    corrupt: list[str] = field(default_factory=list)        # tier levels that returned a bad block
-
-
 class BlockLoader:
     def __init__(self, pool, tiers: TierSet, timeout_s: float = 10.0, clock: Clock = SYSTEM):
         self.pool, self.tiers, self.timeout_s, self.clock = pool, tiers, timeout_s, clock
         self.codec = pool_codec(pool)
+        self.nbytes = self.codec.nbytes
         self.jobs: list[LoadJob] = []
         self.inflight: dict[bytes, tuple[LoadJob, int]] = {}     # name -> (job, index in the job)
         self._stream = torch.cuda.Stream() if pool.stacks[0].tensor.is_cuda else None
         self._scratch = threading.local()           # per worker thread: memory reads land in
 
     # ---- engine thread -----------------------------------------------------------------------
+    def store(self, block_ids: list[int], names: list[bytes], pin_memory: bool = False) -> torch.Tensor:
+        return self.codec.store(block_ids, names, pin_memory=pin_memory)
+
     def start(self, names: list[bytes], blocks: list[int], owner: Hashable = None,
               prestage: bool = False) -> LoadJob:
         """Load `names` into `blocks` (the caller gives the job one reference on each)."""

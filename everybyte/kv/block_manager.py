@@ -103,3 +103,6 @@ class BlockManager(Generic[S]):
     def wait_loads(self, timeout: float) -> bool:
         """Block until a load finishes, at most timeout seconds; True if one did."""
         return False
+
+    def record_prefill(self, tokens: int, seconds: float) -> None:
+        """A step computed `tokens` prompt tokens in `seconds` (a memory system weighs loads by it)."""

@@ -16,24 +16,24 @@ from __future__ import annotations
 import logging
 
 from everybyte.kv.block_id import KVNamespace, chain_block_ids
-from everybyte.kv.block_loader import BlockLoader
 from everybyte.kv.block_manager import BlockManager
 from everybyte.kv.clock import SYSTEM, Clock
 from everybyte.kv.events import EventLog
 from everybyte.kv.ledger import ByteLedger, waste_bytes
+from everybyte.kv.mover import KVMover, PoolGeometry, pool_mover
 from everybyte.kv.prefix_cache import PrefixCache
 from everybyte.kv.sessions import SessionTable
 from everybyte.kv.tier_movement import TierSet
-from everybyte.kv.tiers.pool_codec import pool_codec
 
 log = logging.getLogger(__name__)
 
 
 class KVMemoryManager(BlockManager):
-    def __init__(self, pool, namespace: KVNamespace, tiers: TierSet | None = None,
+    def __init__(self, pool: PoolGeometry, namespace: KVNamespace, tiers: TierSet | None = None,
                  ledger: ByteLedger | None = None, offload_on_park: bool = True, load_timeout_s: float = 10.0,
                  restart_blocks: int = 1, max_sessions: int = 10000, session_idle_s: float = 3600.0,
-                 clock: Clock = SYSTEM):
+                 clock: Clock = SYSTEM, mover: KVMover | None = None):
+        """mover: the KV data plane (default the real one for a KVPool: codec + block loader)."""
         super().__init__(pool.num_blocks, pool.block_size)
         self.restart_blocks = restart_blocks      # a reusing sequence computes from a multiple of this
         self.pool, self.ns = pool, namespace
@@ -49,8 +49,7 @@ class KVMemoryManager(BlockManager):
         self._committed: dict[int, int] = {}          # seq_id -> blocks already committed
         self.running: dict[int, object] = {}          # seq_id -> sequence holding blocks
         self.query_tokens = self.hit_tokens = 0       # prompt tokens looked up / found in any tier
-        self.codec = pool_codec(pool)
-        self.loader = BlockLoader(pool, self.tiers, load_timeout_s, clock)
+        self.mover = mover or pool_mover(pool, self.tiers, load_timeout_s, clock)
         self.loading: dict[int, tuple] = {}           # seq_id -> (seq, jobs, G1 hits, tier per hit, first admission)
         self._loaded_from: dict[int, str] = {}        # G1 block -> tier a job loaded it from, until reused
         self._evicting: list[tuple[int, bytes]] = []  # evicted blocks to write down in one batch
@@ -80,7 +79,7 @@ class KVMemoryManager(BlockManager):
         names = self._reusable(seq)
         hits = self.cache.lookup(names)
         held = sum(self.cache.ref_count(b) == 0 for b in hits)   # evictable now, pinned once reused
-        loading = len(self.loader.in_flight(names[len(hits):]))
+        loading = len(self.mover.in_flight(names[len(hits):]))
         return self.blocks_for(len(seq)) - len(hits) - loading <= self.num_free_blocks - held
 
     def allocate(self, seq) -> None:
@@ -92,7 +91,7 @@ class KVMemoryManager(BlockManager):
         self.expire_sessions(keep=sid)
         names = self._reusable(seq)
         hits = self.cache.acquire(names, sid)
-        adopted = self.loader.in_flight(names[len(hits):])      # blocks a running job is loading
+        adopted = self.mover.in_flight(names[len(hits):])      # blocks a running job is loading
         shared = [job.blocks[i] for job, i in adopted]
         self.cache.share(shared)
         known = len(hits) + len(shared)
@@ -103,7 +102,7 @@ class KVMemoryManager(BlockManager):
         jobs = {job for job, _ in adopted}
         if n := self.tiers.may_hold(names[known:]):
             self.cache.share(fresh[:n])
-            jobs.add(self.loader.start(names[known:known + n], fresh[:n], sid))
+            jobs.add(self.mover.start(names[known:known + n], fresh[:n], sid))
         first = seq.metrics.first_scheduled_time is None        # first admission, not a preemption's
         self.running[seq.seq_id] = seq
         if jobs:
@@ -134,15 +133,23 @@ class KVMemoryManager(BlockManager):
     def is_loading(self, seq) -> bool:
         return seq.seq_id in self.loading
 
+    def record_prefill(self, tokens: int, seconds: float) -> None:
+        """Prompt tokens computed (vs reused), and the prefill speed that decides whether loading
+        a block from a tier beats recomputing it."""
+        self.ledger.record_prefill(tokens)
+        if tokens >= 64 and seconds > 0:
+            speed, old = tokens / seconds, self.tiers.prefill_tok_s
+            self.tiers.prefill_tok_s = speed if old is None else 0.7 * old + 0.3 * speed
+
     def has_pending_loads(self) -> bool:
-        return bool(self.loader.jobs)
+        return bool(self.mover.jobs)
 
     def wait_loads(self, timeout: float) -> bool:
-        return self.loader.wait(timeout)
+        return self.mover.wait(timeout)
 
     def poll_loads(self) -> list:
         """Collect finished loads (name their blocks); returns the sequences now ready to compute."""
-        for job in self.loader.finished():
+        for job in self.mover.finished():
             for i, level in enumerate(job.loaded):
                 b = job.blocks[i]
                 if self.cache.commit(b, job.names[i], job.owner) == b:
@@ -201,7 +208,7 @@ class KVMemoryManager(BlockManager):
         new = [i for i in range(done, full) if self.cache.commit(seq.block_table[i], names[i], sid) == seq.block_table[i]]
         if new and self.tiers.write_through:
             ids, new_names = [seq.block_table[i] for i in new], [names[i] for i in new]
-            self.tiers.write_through_blocks(new_names, self.codec.store(ids, new_names))
+            self.tiers.write_through_blocks(new_names, self.mover.store(ids, new_names))
         self._committed[seq.seq_id] = full
 
     # ---- tiers -------------------------------------------------------------------------------
@@ -225,7 +232,7 @@ class KVMemoryManager(BlockManager):
         batch, self._evicting = sorted(self._evicting), []
         names = [n for _, n in batch]
         pin = getattr(self.tiers.first, "pin_memory", False)
-        self.tiers.first.put_many(names, self.codec.store([b for b, _ in batch], names, pin_memory=pin))
+        self.tiers.first.put_many(names, self.mover.store([b for b, _ in batch], names, pin_memory=pin))
 
     def evict_all(self) -> int:
         """Evict every unreferenced G1 block now (written down to the first tier); returns how many."""
@@ -255,13 +262,13 @@ class KVMemoryManager(BlockManager):
         self.cache.unpark(session_id)
         self.expire_sessions(keep=session_id)
         hits = self.cache.acquire(s.names, session_id)     # pinned while blocks for the rest are taken
-        start = len(hits) + len(self.loader.in_flight(s.names[len(hits):]))
+        start = len(hits) + len(self.mover.in_flight(s.names[len(hits):]))
         missing = s.names[start:]
         n = min(self.tiers.may_hold(missing), self.cache.num_free_blocks)   # may evict idle blocks
         blocks = self._fresh(n)
         self.cache.free(hits)
         if n:
-            self.loader.start(missing[:n], blocks, session_id, prestage=True)
+            self.mover.start(missing[:n], blocks, session_id, prestage=True)
         return n
 
     def drop(self, session_id: str) -> None:
@@ -269,7 +276,7 @@ class KVMemoryManager(BlockManager):
         another session's context, a running request or a load in flight still references
         stays (a common system prompt outlives any one session)."""
         s = self.sessions.pop(session_id)
-        in_use = set(self.loader.inflight)
+        in_use = set(self.mover.inflight)
         for names in self._names.values():
             in_use.update(names)
 
@@ -289,7 +296,7 @@ class KVMemoryManager(BlockManager):
     def session_info(self, session_id: str) -> dict:
         s = self.sessions.get(session_id)
         g1 = sum(self.cache.block_of(n) is not None for n in s.names)
-        loading = sum(n in self.loader.inflight for n in s.names)
+        loading = sum(n in self.mover.inflight for n in s.names)
         blocks = {"G1": g1, "loading": loading, **self.tiers.count_present(s.names)}
         return {"state": s.state, "tokens": s.num_tokens, "blocks": blocks,
                 "bytes": {k: v * self.pool.bytes_per_block for k, v in blocks.items()},
@@ -313,6 +320,6 @@ class KVMemoryManager(BlockManager):
         d["sessions"] = self.sessions.counts()
         d["prefix_cache"] = {**self.cache.stats, "query_tokens": self.query_tokens, "hit_tokens": self.hit_tokens}
         d["kv_namespace"] = self.ns.digest.hex()       # equal digests: the same bytes for the same tokens
-        d["loads"] = {"jobs": len(self.loader.jobs), "requests_waiting": len(self.loading),
-                      "blocks_in_flight": len(self.loader.inflight)}
+        d["loads"] = {"jobs": len(self.mover.jobs), "requests_waiting": len(self.loading),
+                      "blocks_in_flight": len(self.mover.inflight)}
         return d

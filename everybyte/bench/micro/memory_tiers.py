@@ -76,13 +76,13 @@ def _engine_load_seconds(eng, ids: list[int], drop_cache: bool) -> tuple[float, 
     blocks = sorted(bm.cache.allocate(len(names)))          # as the engine takes fresh blocks
     try:
         t0 = time.perf_counter()
-        job = bm.loader.start(names, blocks)
+        job = bm.mover.start(names, blocks)
         job.future.result()
         seconds = time.perf_counter() - t0
     finally:
-        bm.loader.finished()
+        bm.mover.finished()
         bm.cache.free(blocks)
-    return seconds, len(job.loaded), len(job.loaded) * bm.codec.nbytes
+    return seconds, len(job.loaded), len(job.loaded) * bm.mover.nbytes
 
 
 def measure_tiers(loaded, layer_shapes, fmt: str, prefix_tokens: int, tier_dir: str, dtype, device: str,
@@ -114,7 +114,7 @@ def measure_tiers(loaded, layer_shapes, fmt: str, prefix_tokens: int, tier_dir: 
             eng.generate(prompt, one)
             eng.reset_prefix_cache()                   # the prefix leaves G1 as one write-down batch
             _engine_load_seconds(eng, prompt, level == "G3")                  # warm-up
-            total = nblocks * eng.block_manager.codec.nbytes
+            total = nblocks * eng.block_manager.mover.nbytes
             baseline = _Memcpy(total) if level == "G2" else _DiskRead(root, total, total // nblocks)
             runs, bws = [], []
             for _ in range(REPS):                      # interleaved: both see the same machine

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from everybyte.kv.block_id import KVNamespace, chain_block_ids
-from everybyte.kv.pool import KVPool
+from everybyte.kv.data.pool import KVPool
 from everybyte.kv.tiers import CorruptBlock, DiskTier, FormatMismatch, HostTier, decode_block
 from everybyte.kv.tiers.disk import RING_SLOTS, STREAM_BYTES, read_pack_table
 from everybyte.kv.tiers.pool_codec import block_tensors, pool_codec
@@ -210,7 +210,7 @@ def test_read_plan_groups_frames_and_places_them_in_a_ring():
 def test_loader_takes_a_pack_whose_blocks_lie_in_another_order(tmp_path, reader_kind):
     """The pack holds the chain backwards: the disk streams the last blocks first, through a ring
     it reuses, so the loader keeps copies of blocks it cannot load yet; every block lands right."""
-    from everybyte.kv.block_loader import BlockLoader
+    from everybyte.kv.data.block_loader import BlockLoader
     from everybyte.kv.tier_movement import TierSet
     shapes = [(3, 64)] * 60                                  # ~200 KB blocks: an 8 MB pack, read via a ring
     src, dst = KVPool(shapes, "nvfp4", "16MiB", 16), KVPool(shapes, "nvfp4", "16MiB", 16)
@@ -234,7 +234,7 @@ def test_loader_takes_a_pack_whose_blocks_lie_in_another_order(tmp_path, reader_
 def test_loader_scratch_is_one_reused_buffer_per_thread(monkeypatch):
     import threading
 
-    from everybyte.kv import block_loader
+    from everybyte.kv.data import block_loader
     local = threading.local()
     job = block_loader._Scratch(local)
     a = job(3000)

@@ -4,7 +4,7 @@ context lengths, a decode group next to a prefill chunk; and the real model's gr
 import pytest
 import torch
 
-from everybyte.kv.pool import KVPool
+from everybyte.kv.data.pool import KVPool
 from everybyte.models import attention, native_ops
 from everybyte.models.attention import AttentionMetadata, LayerKVCache, paged_attention
 

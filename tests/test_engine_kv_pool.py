@@ -1,7 +1,7 @@
 """The KV pool: byte budget -> blocks per format, size parsing, per-layer scales (no model)."""
 import pytest
 
-from everybyte.kv.pool import KVPool, bytes_per_token, kv_bytes_per_token, min_pool_bytes, parse_size
+from everybyte.kv.data.pool import KVPool, bytes_per_token, kv_bytes_per_token, min_pool_bytes, parse_size
 
 SMOL = [(3, 64)] * 30          # SmolLM2-135M: 30 layers, 3 KV heads of 64
 
@@ -56,7 +56,7 @@ def test_scales_from_amax():
 
 
 def test_power_of_two_grid_is_exact_and_checkpoint_scales_skip_it():
-    from everybyte.kv.pool import pow2_ceil
+    from everybyte.kv.data.pool import pow2_ceil
     assert [pow2_ceil(x) for x in (32.0, 32.000000000000004, 31.999999999999996, 0.75, 2.0**-1074)] == \
         [32.0, 64.0, 32.0, 1.0, 2.0**-1074]
     p = KVPool(SMOL, "fp8", "4MiB")

@@ -9,7 +9,7 @@ from everybyte.engine.exact_tail import ExactTail
 from everybyte.engine.sequence import Sequence
 from everybyte.kv.block_id import chain_block_ids
 from everybyte.kv.block_manager import BlockManager
-from everybyte.kv.pool import KVPool
+from everybyte.kv.data.pool import KVPool
 from everybyte.models.loader import load_model
 from everybyte.models.own_block_attention import attention_with_lse, attention_with_lse_reference, own_block_attention
 

@@ -9,7 +9,7 @@ import torch
 from everybyte import LLM, SamplingParams
 from everybyte.engine import kv_budget
 from everybyte.engine.kv_budget import resolve_kv_budget
-from everybyte.kv.pool import bytes_per_token
+from everybyte.kv.data.pool import bytes_per_token
 from everybyte.models.loader import load_model
 
 SHAPES = [(3, 64)] * 30                      # SmolLM2-135M: 30 layers x 3 KV heads x 64

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from everybyte.kv.block_id import KVNamespace, chain_block_ids
-from everybyte.kv.pool import KVPool
-from everybyte.kv.tier_config import build_tiers, load_beats_recompute, measure_load_bandwidth, parse_kv_tiers
+from everybyte.kv.data.pool import KVPool
+from everybyte.kv.data.tier_config import build_tiers, load_beats_recompute, measure_load_bandwidth, parse_kv_tiers
 from everybyte.kv.tiers import (
     CorruptBlock,
     DiskTier,

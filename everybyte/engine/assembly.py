@@ -16,9 +16,9 @@ from everybyte.engine.scheduler import Scheduler
 from everybyte.kv.block_id import KVNamespace
 from everybyte.kv.block_manager import BlockManager
 from everybyte.kv.clock import Clock
+from everybyte.kv.data.pool import KVPool, format_size, min_pool_bytes
+from everybyte.kv.data.tier_config import build_tiers
 from everybyte.kv.memory_manager import KVMemoryManager
-from everybyte.kv.pool import KVPool, format_size, min_pool_bytes
-from everybyte.kv.tier_config import build_tiers
 from everybyte.kv.tier_movement import TierSet
 from everybyte.models.kv_scales import read_kv_scales
 from everybyte.models.loader import LoadedModel, load_model

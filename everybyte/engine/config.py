@@ -8,7 +8,7 @@ import torch
 
 from everybyte.engine.kv_budget import is_auto
 from everybyte.formats.kv_layout import KV_CACHE_DTYPES
-from everybyte.kv.pool import parse_size
+from everybyte.kv.data.pool import parse_size
 from everybyte.models.loader import WEIGHTS_DTYPES
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 
-from everybyte.kv.pool import format_size, min_pool_bytes, parse_size
+from everybyte.kv.data.pool import format_size, min_pool_bytes, parse_size
 
 log = logging.getLogger(__name__)
 

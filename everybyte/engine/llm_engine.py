@@ -14,7 +14,7 @@ from everybyte.engine.sampling_defaults import sampling_defaults
 from everybyte.engine.sampling_params import SamplingParams
 from everybyte.engine.sequence import Sequence
 from everybyte.kv.clock import SYSTEM, Clock
-from everybyte.kv.pool import kv_bytes_per_token
+from everybyte.kv.data.pool import kv_bytes_per_token
 from everybyte.models.loader import LoadedModel
 
 

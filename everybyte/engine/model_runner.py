@@ -8,7 +8,7 @@ import torch
 from everybyte.engine.exact_tail import ExactTail
 from everybyte.engine.sampler import Sampler, SamplerOutput, SamplingTensors
 from everybyte.engine.sequence import Sequence
-from everybyte.kv.pool import KVPool, min_pool_bytes
+from everybyte.kv.data.pool import KVPool, min_pool_bytes
 from everybyte.models.attention import AttentionMetadata, LayerKVCache
 
 # Mixed prose, code, numbers and chat markup: a fixed, ordinary input for scale calibration.

@@ -110,7 +110,7 @@ def quantize_checkpoint(model, out: str | Path, exclude: tuple[str, ...] = (), d
                         kv_headroom: float = EngineConfig.kv_scale_headroom, method: str = "rtn") -> Path:
     """The checkpoint's KV scales are the ones the engine would derive from the calibration
     (amax * headroom rounded up to a power of two), so every process that loads it uses them."""
-    from everybyte.kv.pool import pow2_ceil
+    from everybyte.kv.data.pool import pow2_ceil
     from everybyte.models.hf_export import check_out_dir, export_hf
     from everybyte.models.kv_scales import KV_QUANT_ALGO, kv_scale_tensors
     from everybyte.models.loader import load_model

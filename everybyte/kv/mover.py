@@ -61,5 +61,5 @@ class KVMover(Protocol):
 
 def pool_mover(pool: Any, tiers: Any, timeout_s: float, clock: Any) -> KVMover:
     """The real data plane for a KVPool: codec + background loader (imports torch)."""
-    from everybyte.kv.block_loader import BlockLoader
+    from everybyte.kv.data.block_loader import BlockLoader
     return BlockLoader(pool, tiers, timeout_s, clock)

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         a.tokens, a.new_tokens = 1024, 16
     from everybyte import LLM
     from everybyte.engine.config import resolve_dtype, set_threads
-    from everybyte.kv.pool import min_pool_bytes
+    from everybyte.kv.data.pool import min_pool_bytes
     from everybyte.models.loader import load_model
     set_threads()
     loaded = load_model(a.model, dtype=resolve_dtype(a.dtype))

@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from everybyte.engine.config import resolve_dtype
     from everybyte.engine.llm_engine import LLMEngine
-    from everybyte.kv.pool import bytes_per_token, min_pool_bytes, parse_size
+    from everybyte.kv.data.pool import bytes_per_token, min_pool_bytes, parse_size
     from everybyte.models.loader import load_model
 
     trace = load_trace(args.trace or default_trace())

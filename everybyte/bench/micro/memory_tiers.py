@@ -92,7 +92,7 @@ def measure_tiers(loaded, layer_shapes, fmt: str, prefix_tokens: int, tier_dir: 
 
     from everybyte.engine.llm_engine import LLMEngine
     from everybyte.engine.sampling_params import SamplingParams
-    from everybyte.kv.pool import min_pool_bytes
+    from everybyte.kv.data.pool import min_pool_bytes
 
     root = tempfile.mkdtemp(prefix="eb-bench-memory-", dir=tier_dir)
     try:

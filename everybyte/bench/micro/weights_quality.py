@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run_variant(a, name: str, texts_ids) -> dict:
     from everybyte import LLM
     from everybyte.formats import nvfp4_weights
-    from everybyte.kv.pool import min_pool_bytes
+    from everybyte.kv.data.pool import min_pool_bytes
     from everybyte.models.loader import load_model
     from everybyte.models.nvfp4_linear import weight_bytes
     weights_dtype, exclude, divs, kv, method = VARIANTS[name]

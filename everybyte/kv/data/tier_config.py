@@ -18,7 +18,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 import torch
 
-from everybyte.kv.pool import parse_size
+from everybyte.kv.data.pool import parse_size
 from everybyte.kv.tiers.base import TierBackend, as_uint8_tensor
 
 DEFAULT_KV_TIERS = "host:1GiB"

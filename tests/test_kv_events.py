@@ -64,3 +64,35 @@ def test_engine_events_carry_its_namespace():
     llm.reset_prefix_cache()
     assert any(isinstance(e, (AllBlocksCleared, BlockRemoved)) for e in log.drain().events)
     llm.close()
+
+
+def test_engine_events_carry_tokens_parents_and_tier_moves():
+    """G1 BlockStored events chain (parent = the previous block's name) and carry the block's
+    tokens; a block written down to G2 is a BlockRemoved(G1) plus a BlockStored(G2); loading it
+    back is a BlockStored(G1) again, with its tokens."""
+    from everybyte import LLM, SamplingParams
+    llm = LLM(kv_cache_bytes="16MiB", max_model_len=256, kv_tiers="host:64MiB")
+    log = llm.block_manager.kv_events()
+    prompt = llm.tokenizer.encode("alpha beta gamma delta " * 12)
+    bs = llm.block_manager.block_size
+    greedy = SamplingParams(temperature=0, max_tokens=2)
+    llm.generate([prompt], greedy)
+    stored = [e for e in log.drain().events if isinstance(e, BlockStored)]
+    assert all(e.medium == "G1" and len(e.block_hashes) == 1 for e in stored)
+    n = len(prompt) // bs
+    assert [e.token_ids for e in stored[:n]] == [prompt[i * bs:(i + 1) * bs] for i in range(n)]
+    names = [e.block_hashes[0] for e in stored]
+    assert stored[0].parent_block_hash is None
+    assert [e.parent_block_hash for e in stored[1:]] == names[:-1]
+    llm.reset_prefix_cache()
+    llm.generate(["x"], SamplingParams(max_tokens=1))            # collects the write-down
+    events = log.drain().events
+    removed = {h for e in events if isinstance(e, BlockRemoved) and e.medium == "G1" for h in e.block_hashes}
+    down = {h for e in events if isinstance(e, BlockStored) and e.medium == "G2" for h in e.block_hashes}
+    assert set(names[:n]) <= removed and set(names[:n]) <= down
+    out = llm.generate([prompt], greedy)[0]
+    assert out.num_cached_tokens >= bs
+    back = [e for e in log.drain().events if isinstance(e, BlockStored) and e.medium == "G1"]
+    first = next(e for e in back if e.block_hashes == [names[0]])
+    assert first.token_ids == prompt[:bs]
+    llm.close()

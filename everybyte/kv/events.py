@@ -1,13 +1,18 @@
 """KV cache events: what a worker's G1 prefix cache stored and removed, for a KV-aware router.
 
 The schema is vLLM's (`BlockStored`, `BlockRemoved`, `AllBlocksCleared`), with block names (the
-16-byte chained hashes of kv/block_id) as the block hashes. A worker states its KV namespace
-digest next to its events (`namespace` on each batch): two workers whose digests are equal
-compute the same bytes for the same tokens, so a block one of them names the other may reuse.
-Pure data, no torch.
+16-byte chained hashes of kv/block_id) as the block hashes. `medium` is the tier the event is
+about: G1 (the device pool's prefix cache), G2 host, G3 disk, G3.5 pod-shared, G4; a block
+written down from G1 to G2 is a BlockRemoved(G1) and a BlockStored(G2). A G1 BlockStored carries
+the block's token ids and its parent's name (None for a first block); lower tiers' may not.
+A worker states its KV namespace digest next to its events (`namespace` on each batch): two
+workers whose digests are equal compute the same bytes for the same tokens, so a block one of
+them names the other may reuse. Pure data, no torch; the log is thread-safe (tier writes finish
+on I/O threads).
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Callable, Union
 
@@ -18,6 +23,8 @@ class BlockStored:
     block_size: int
     parent_block_hash: bytes | None = None
     medium: str = "G1"
+    token_ids: list[int] = field(default_factory=list)
+    lora_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -47,12 +54,15 @@ class EventLog:
     def __init__(self, namespace: bytes, listener: Callable[[KVEvent], None] | None = None):
         self.namespace, self.listener = namespace, listener
         self._pending: list[KVEvent] = []
+        self._lock = threading.Lock()
 
     def __call__(self, event: KVEvent) -> None:
-        self._pending.append(event)
+        with self._lock:
+            self._pending.append(event)
         if self.listener is not None:
             self.listener(event)
 
     def drain(self) -> KVEventBatch:
-        batch, self._pending = KVEventBatch(self.namespace, self._pending), []
+        with self._lock:
+            batch, self._pending = KVEventBatch(self.namespace, self._pending), []
         return batch

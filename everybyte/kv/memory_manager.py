@@ -150,9 +150,11 @@ class KVMemoryManager(BlockManager):
     def poll_loads(self) -> list:
         """Collect finished loads (name their blocks); returns the sequences now ready to compute."""
         for job in self.mover.finished():
+            where = {b: (s, i) for s, *_ in self.loading.values() for i, b in enumerate(s.block_table)}
             for i, level in enumerate(job.loaded):
                 b = job.blocks[i]
-                if self.cache.commit(b, job.names[i], job.owner) == b:
+                origin = self._origin(*where[b]) if b in where else {"parent": job.names[i - 1] if i else None}
+                if self.cache.commit(b, job.names[i], job.owner, **origin) == b:
                     self._loaded_from[b] = level
             for level in job.corrupt:
                 self.ledger.count("corrupt", tier=level)
@@ -205,11 +207,17 @@ class KVMemoryManager(BlockManager):
             return
         names = self.names_of(seq)
         sid = getattr(seq, "session_id", None)
-        new = [i for i in range(done, full) if self.cache.commit(seq.block_table[i], names[i], sid) == seq.block_table[i]]
+        new = [i for i in range(done, full)
+               if self.cache.commit(seq.block_table[i], names[i], sid, **self._origin(seq, i)) == seq.block_table[i]]
         if new and self.tiers.write_through:
             ids, new_names = [seq.block_table[i] for i in new], [names[i] for i in new]
             self.tiers.write_through_blocks(new_names, self.mover.store(ids, new_names))
         self._committed[seq.seq_id] = full
+
+    def _origin(self, seq, i: int) -> dict:
+        """Block i's parent name and tokens, for its BlockStored event."""
+        names, bs = self.names_of(seq), self.block_size
+        return {"parent": names[i - 1] if i else None, "token_ids": seq.token_ids[i * bs:(i + 1) * bs]}
 
     # ---- tiers -------------------------------------------------------------------------------
     def _write_down(self, block_id: int, name: bytes) -> None:
@@ -232,7 +240,7 @@ class KVMemoryManager(BlockManager):
         batch, self._evicting = sorted(self._evicting), []
         names = [n for _, n in batch]
         pin = getattr(self.tiers.first, "pin_memory", False)
-        self.tiers.first.put_many(names, self.mover.store([b for b, _ in batch], names, pin_memory=pin))
+        self.tiers.put_down(names, self.mover.store([b for b, _ in batch], names, pin_memory=pin))
 
     def evict_all(self) -> int:
         """Evict every unreferenced G1 block now (written down to the first tier); returns how many."""
@@ -304,10 +312,12 @@ class KVMemoryManager(BlockManager):
 
     # ---- reporting ---------------------------------------------------------------------------
     def kv_events(self, listener=None) -> EventLog:
-        """Start recording the G1 prefix cache's KV events (kv/events), stamped with this worker's
-        namespace digest; a router drains the returned log (or passes a listener)."""
+        """Start recording the KV events (kv/events) of the G1 prefix cache and of every tier,
+        stamped with this worker's namespace digest; a publisher drains the returned log (or
+        passes a listener)."""
         log = EventLog(self.ns.digest, listener)
-        self.cache.on_event = log
+        self.cache.on_event = self.tiers.on_event = log
+        self.tiers.block_size = self.block_size
         return log
 
     def stats(self, weights_bytes: int) -> dict:

@@ -204,9 +204,12 @@ class PrefixCache:
         return name
 
     # ---- naming and freeing -------------------------------------------------------------------
-    def commit(self, block_id: int, name: bytes, owner: Hashable = ANON) -> int:
-        """Name a block that just became full. When the name is already cached in another block
-        that one is returned (the caller may switch to it); this block then stays unnamed."""
+    def commit(self, block_id: int, name: bytes, owner: Hashable = ANON, parent: bytes | None = None,
+               token_ids: Sequence[int] = ()) -> int:
+        """Name a block that just became full (parent: the previous block's name, None for a first
+        block; both only go into the BlockStored event). When the name is already cached in
+        another block that one is returned (the caller may switch to it); this block then stays
+        unnamed."""
         if self.ref[block_id] < 1:
             raise ValueError(f"block {block_id} is not in use")
         current = self.names[block_id]
@@ -223,7 +226,7 @@ class PrefixCache:
         self.by_name[name] = block_id
         self.stats["commits"] += 1
         if self.on_event is not None:
-            self.on_event(BlockStored([name], self.block_size))
+            self.on_event(BlockStored([name], self.block_size, parent, token_ids=list(token_ids)))
         self._own(block_id, owner)
         return block_id
 

@@ -7,13 +7,16 @@ other nodes can reuse it. On admission the longest run of missing blocks is loca
 tiers (first tier that has each block) and fetched, one streamed batch read per tier (get_stream). A tier whose
 measured load speed is slower than recomputing the same tokens is skipped. Batches move down
 the chain as batches (on_evict_many -> put_many), so a host buffer becomes one disk pack.
+`on_event` (kv/events) hears every block a tier stores or drops, with the tier's level as medium.
 """
 from __future__ import annotations
 
 import logging
 import time
 from collections import OrderedDict
+from typing import Callable
 
+from everybyte.kv.events import BlockRemoved, BlockStored, KVEvent
 from everybyte.kv.tiers.base import TierBackend
 
 log = logging.getLogger(__name__)
@@ -25,9 +28,12 @@ class TierSet:
         self.tiers = list(tiers)
         local = [t for t in self.tiers if t.level not in SHARED_LEVELS]
         self.first = local[0] if local else (self.tiers[0] if self.tiers else None)
-        for upper, lower in zip(local, local[1:]):
-            upper.on_evict = lambda name, data, lower=lower: lower.put_async(name, data)
-            upper.on_evict_many = lambda names, datas, lower=lower: lower.put_many_async(names, datas)
+        for i, upper in enumerate(local):        # the last local tier drops what it evicts
+            lower = local[i + 1] if i + 1 < len(local) else None
+            upper.on_evict = lambda name, data, u=upper, lo=lower: self._spill(u, lo, [name], [data])
+            upper.on_evict_many = lambda names, datas, u=upper, lo=lower: self._spill(u, lo, names, datas)
+        self.on_event: Callable[[KVEvent], None] | None = None
+        self.block_size = 0                           # for the events' block_size
         self.local = local
         self.write_through = [t for t in self.tiers if t.level in SHARED_LEVELS]
         self.bandwidth: dict[str, float] = {}         # level -> measured load bytes/s (EMA)
@@ -106,6 +112,33 @@ class TierSet:
                 self.observe(tier, nbytes, busy)
 
     # ---- writes ------------------------------------------------------------------------------
+    def _report(self, event: KVEvent) -> None:
+        if self.on_event is not None and getattr(event, "block_hashes", True):
+            self.on_event(event)
+
+    def _stored(self, tier: TierBackend, names: list[bytes], ok) -> None:
+        self._report(BlockStored([n for n, good in zip(names, ok) if good], self.block_size, medium=tier.level))
+
+    def _put_async(self, tier: TierBackend, names: list[bytes], datas):
+        future = tier.put_many_async(names, datas)
+        def done(f) -> None:
+            if not f.cancelled() and f.exception() is None:
+                self._stored(tier, names, f.result())
+        if self.on_event is not None:
+            future.add_done_callback(done)
+        return future
+
+    def _spill(self, upper: TierBackend, lower: TierBackend | None, names: list[bytes], datas) -> None:
+        """A local tier evicted a batch: it leaves that tier, and goes one tier down if any."""
+        self._report(BlockRemoved(list(names), medium=upper.level))
+        if lower is not None:
+            self._put_async(lower, list(names), datas)
+
+    def put_down(self, names: list[bytes], datas) -> None:
+        """Store blocks evicted from G1 in the first tier (synchronously: one batch)."""
+        if self.first is not None:
+            self._stored(self.first, names, self.first.put_many(names, datas))
+
     def write_through_blocks(self, names: list[bytes], datas) -> None:
         """Put newly computed blocks (rows of datas) to the shared tiers, asynchronously."""
         keep = [i for i, n in enumerate(names) if n not in self._recent_puts]
@@ -116,7 +149,7 @@ class TierSet:
         self._pending = [f for f in self._pending if not f.done()]
         if keep:
             for t in self.write_through:
-                self._pending.append(t.put_many_async([names[i] for i in keep], [datas[i] for i in keep]))
+                self._pending.append(self._put_async(t, [names[i] for i in keep], [datas[i] for i in keep]))
 
     def flush(self, timeout: float = 30.0) -> None:
         """Wait for asynchronous write-through puts (e.g. before a process exits)."""
@@ -129,9 +162,10 @@ class TierSet:
 
     def delete_everywhere(self, names) -> None:
         for t in self.tiers:
-            for n in names:
-                t.delete(n)
-                self._recent_puts.pop(n, None)
+            gone = [n for n in names if t.delete(n)]
+            self._report(BlockRemoved(gone, medium=t.level))
+        for n in names:
+            self._recent_puts.pop(n, None)
 
     def count_present(self, names: list[bytes]) -> dict[str, int]:
         return {t.level: sum(t.contains_many(names)) for t in self.tiers}

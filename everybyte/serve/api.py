@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from everybyte.engine.sampling_params import SamplingParams
 from everybyte.serve.async_engine import ShuttingDown
 from everybyte.serve.guard import Guard
+from everybyte.serve.kv_info import kv_info
 from everybyte.serve.protocol import (
     MAX_SESSION_ID,
     APIError,
@@ -75,6 +76,10 @@ def create_app(state: ServerState) -> FastAPI:
         except ShuttingDown:
             stats = {}
         return Response(state.metrics.render(stats), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/kv/info")
+    async def kv_info_route():
+        return kv_info(state)
 
     @app.get("/v1/models")
     async def models():

@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from everybyte.engine.outputs import RequestOutput
 from everybyte.engine.sampling_params import SamplingParams
@@ -52,6 +53,7 @@ class AsyncEngine:
         self._exited = False
         self.deadline: float | None = None     # monotonic time at which draining cuts what is left
         self.error: BaseException | None = None
+        self.on_step: Callable[[], None] | None = None    # after each loop turn, on the engine thread
         self._thread = threading.Thread(target=self._run, name="everybyte-engine", daemon=True)
         self._thread.start()
 
@@ -201,6 +203,13 @@ class AsyncEngine:
         if cut:
             log.warning("drain deadline passed: cut %d requests", len(cut))
 
+    def _after_step(self) -> None:
+        if self.on_step is not None:
+            try:
+                self.on_step()
+            except Exception:         # a feed that fails must not stop serving
+                log.exception("after-step hook failed")
+
     def _run(self) -> None:
         try:
             while True:
@@ -209,6 +218,7 @@ class AsyncEngine:
                     if time.monotonic() >= self.deadline:
                         self._cut_at_deadline()
                 self._drain_inbox()
+                self._after_step()
                 if not self.engine.has_unfinished_requests() and not self.engine.has_pending_loads():
                     if self._stopping and not self._inbox:
                         return self._exit()

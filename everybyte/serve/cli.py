@@ -33,6 +33,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-auto-park", action="store_true",
                    help="do not park a session when its chat turn ends in tool calls")
     p.add_argument("--log-level", default="info")
+    p.add_argument("--role", default="both", choices=("both", "prefill", "decode"),
+                   help="disaggregated serving: what a router sends this worker (reported by /v1/kv/info)")
+    p.add_argument("--kv-events", default=None, metavar="tcp://HOST:PORT",
+                   help="publish KV events (vLLM's schema, msgpack over ZeroMQ PUB) on this endpoint")
+    p.add_argument("--kv-events-replay", default=None, metavar="tcp://HOST:PORT",
+                   help="the replay (ROUTER) endpoint for --kv-events (default: its port + 1)")
+    p.add_argument("--kv-events-buffer", type=int, default=10000, help="batches kept for replay")
     add_engine_args(p)
     return p
 
@@ -54,14 +61,38 @@ def make_app(args: argparse.Namespace):
                        vocab_size=engine.model_config.vocab_size, api_keys=keys,
                        max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
                        auto_park=not args.no_auto_park, cache_salt_from_api_key=args.cache_salt_from_api_key)
+    cfg.role = args.role
     state = ServerState(engine, engine.tokenizer, cfg)
+    if args.kv_events:
+        start_kv_events(state, args)
     app = create_app(state)
 
     @app.on_event("shutdown")
     def _drain():  # the drain deadline was set by SIGTERM (see main); this waits for the engine loop
         state.engine.shutdown(timeout=args.shutdown_timeout)
+        if state.kv_feed is not None:
+            state.kv_feed.close()
 
     return app
+
+
+def start_kv_events(state, args: argparse.Namespace) -> None:
+    """Bind the KV-event feed and publish a batch after every engine step (serve/kv_events_pub)."""
+    from everybyte.kv.memory_manager import KVMemoryManager
+    from everybyte.serve.kv_events_pub import KVEventFeed, KVEventPublisher, default_replay_endpoint
+
+    mem = state.engine.engine.block_manager
+    if not isinstance(mem, KVMemoryManager):
+        raise SystemExit("--kv-events needs the prefix cache (drop --no-prefix-caching)")
+    try:
+        replay = args.kv_events_replay or default_replay_endpoint(args.kv_events)
+        topic = f"kv.{mem.ns.digest.hex()}"
+        publisher = KVEventPublisher(args.kv_events, replay, topic, args.kv_events_buffer)
+    except (ValueError, RuntimeError) as e:
+        raise SystemExit(f"--kv-events: {e}")
+    state.kv_feed = KVEventFeed(mem.kv_events(), publisher)
+    state.engine.on_step = state.kv_feed.flush
+    state.config.kv_events = {"endpoint": args.kv_events, "replay_endpoint": replay, "topic": topic}
 
 
 def main(argv: list[str] | None = None) -> int:

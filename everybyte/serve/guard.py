@@ -1,6 +1,6 @@
 """The server's one input boundary, as plain ASGI middleware (no per-chunk cost on responses).
 
-Before any route runs: the API key (every path but /health and /metrics), the body read and
+Before any route runs: the API key (every path but /health, /metrics and /v1/kv/info), the body read and
 counted as it arrives (413 past --max-body-bytes, however it is framed: Content-Length or
 chunked), and the body checked as JSON: well-formed UTF-8, nested at most MAX_DEPTH deep, no
 string (or key) holding a lone UTF-16 surrogate. Each failure is a 4xx naming what was wrong; a
@@ -19,7 +19,7 @@ from starlette.routing import Match
 from everybyte.serve.protocol import APIError
 
 MAX_DEPTH = 64
-OPEN_PATHS = ("/health", "/metrics")
+OPEN_PATHS = ("/health", "/metrics", "/v1/kv/info")
 UNMATCHED = "unmatched"
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from everybyte.serve.async_engine import AsyncEngine
 from everybyte.serve.metrics import ServerMetrics
@@ -18,6 +19,9 @@ class ServerConfig:
     max_body_bytes: int = 8 * 1024 * 1024
     auto_park: bool = True
     cache_salt_from_api_key: bool = False   # tenants (keys) get apart KV blocks and session names
+    role: str = "both"                      # prefill | decode | both (disaggregated serving)
+    kv_events: dict | None = None           # {"endpoint", "replay_endpoint", "topic"} when published
+    kv_connector: dict | None = None        # {"endpoint"} of the worker-to-worker KV transfer
 
 
 class ServerState:
@@ -27,6 +31,7 @@ class ServerState:
         self.engine = AsyncEngine(engine, max_queue=config.max_queue)
         self.metrics = ServerMetrics()
         self.started = int(time.time())
+        self.kv_feed: Any = None                # serve/kv_events_pub.KVEventFeed when --kv-events
 
     def after_turn(self, session_id: str | None, finish_reason: str | None) -> None:
         """A chat turn that ends in tool calls means the agent goes off to run a tool: park its

@@ -188,6 +188,11 @@ class EngineCore:
         bm = self.block_manager
         return bm.evict_all() if isinstance(bm, KVMemoryManager) else 0
 
+    def pending_writes(self) -> list[Any]:
+        """Futures of the write-through puts to shared tiers still in flight."""
+        bm = self.block_manager
+        return bm.tiers.pending_writes() if isinstance(bm, KVMemoryManager) else []
+
     def close(self) -> None:
         if isinstance(self.block_manager, KVMemoryManager):
             self.block_manager.tiers.flush()

@@ -157,6 +157,10 @@ class LLMEngine:
         lower tiers they are written down first, so later hits load instead of recompute."""
         return self.core.reset_prefix_cache()
 
+    def pending_writes(self) -> list:
+        """Write-through puts to the pod-shared tiers still in flight (concurrent futures)."""
+        return self.core.pending_writes()
+
     def close(self) -> None:
         """Finish pending tier writes (write-through to shared tiers) before the process exits."""
         self.core.close()

@@ -151,6 +151,10 @@ class TierSet:
             for t in self.write_through:
                 self._pending.append(self._put_async(t, [names[i] for i in keep], [datas[i] for i in keep]))
 
+    def pending_writes(self) -> list:
+        """Write-through puts still in flight (futures; safe to read from another thread)."""
+        return [f for f in list(self._pending) if not f.done()]
+
     def flush(self, timeout: float = 30.0) -> None:
         """Wait for asynchronous write-through puts (e.g. before a process exits)."""
         for f in self._pending:

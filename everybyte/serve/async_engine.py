@@ -40,6 +40,8 @@ class _Pending:
 
 
 class AsyncEngine:
+    WRITE_WAIT_S = 2.0
+
     def __init__(self, engine, max_queue: int = 256):
         self.engine = engine
         self.max_queue = max_queue
@@ -91,12 +93,23 @@ class AsyncEngine:
                 if isinstance(item, BaseException):
                     p.done = True
                     raise item
+                if item.finished:
+                    await self._shared_writes()
                 yield item
                 if item.finished:
                     p.done = True
                     return
         finally:
             self.release(p)
+
+    async def _shared_writes(self) -> None:
+        """A request's last output waits (bounded) for the write-through of its blocks to the
+        pod-shared tier, so once a worker answered, any worker of the pod can reuse its prefix."""
+        futures = getattr(self.engine, "pending_writes", list)()
+        if futures:
+            done, _ = await asyncio.wait([asyncio.wrap_future(f) for f in futures], timeout=self.WRITE_WAIT_S)
+            for f in done:
+                f.exception()              # a failed put is logged by the tier; retrieved here
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                        session_id: str | None = None, cache_salt: str | None = None):

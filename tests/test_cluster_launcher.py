@@ -31,7 +31,7 @@ def test_plan_workers():
     assert {s.threads for s in plan_workers(4, None, None, [], cores=2)} == {1}
     argv = specs[0].argv("127.0.0.1", 1, 2, 3)
     assert argv[argv.index("--role") + 1] == "prefill" and argv[-2:] == ["--kv-cache", "16MiB"]
-    assert specs[0].env({})["OMP_NUM_THREADS"] == "2"
+    assert specs[0].env({})["OMP_NUM_THREADS"] == specs[0].env({})["EVERYBYTE_NUM_THREADS"] == "2"
     for bad, match in [((3, 1, 1, []), "differs"), ((None, 1, None, []), "both"),
                        ((0, None, None, []), ">= 1"), ((2, None, None, ["--port", "9"]), "--port")]:
         with pytest.raises(ValueError, match=match):

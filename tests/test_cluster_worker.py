@@ -4,6 +4,8 @@ same namespace share a real Redis tier: a prefix computed on one is reused by th
 a worker whose KV bytes differ."""
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -102,3 +104,11 @@ def test_pod_tier_reuse_across_workers(redis_server):
         for s in (a, b, c):
             if s is not None:
                 s.stop()
+
+
+def test_bad_kv_events_arguments_fail_before_the_model_loads():
+    for args, msg in [(["--kv-events", "127.0.0.1:5557"], "tcp://HOST:PORT"),
+                      (["--kv-events-replay", "tcp://127.0.0.1:5558"], "needs --kv-events")]:
+        p = subprocess.run([sys.executable, "-m", "everybyte.cli", "serve", *args], capture_output=True,
+                           text=True, timeout=120)
+        assert p.returncode != 0 and msg in p.stderr, p.stderr

@@ -96,3 +96,31 @@ def test_engine_events_carry_tokens_parents_and_tier_moves():
     first = next(e for e in back if e.block_hashes == [names[0]])
     assert first.token_ids == prompt[:bs]
     llm.close()
+
+
+def test_tier_events_report_each_medium(redis_server):
+    """TierSet reports what enters and leaves each tier: G1 evictions stored in G2, what G2 evicts,
+    write-through to the pod-shared G3.5, what Redis evicts to fit, and deletions."""
+    from everybyte.kv.tier_movement import TierSet
+    from everybyte.kv.tiers.host import HostTier
+    from everybyte.kv.tiers.redis_store import RedisTier
+    one = 256
+    names = chain_block_ids(NS, list(range(16)))
+    datas = [bytes([i]) * one for i in range(4)]
+    host = HostTier(2 * one, pin_memory=False)
+    pod = RedisTier(redis_server.url, 2 * (one + 24), prefix="events:")      # 24: the frame header
+    tiers = TierSet([host, pod])
+    log = EventLog(NS.digest)
+    tiers.on_event, tiers.block_size = log, 4
+    tiers.put_down(names[:3], datas[:3])             # the third evicts the first from G2
+    tiers.write_through_blocks(names[:3], datas[:3])
+    tiers.flush()
+    events = log.drain().events
+    # a put that evicts a block of its own batch: stored first, then removed, so the last word is right
+    assert [e for e in events if e.medium == "G2"] == [BlockStored(names[:3], 4, medium="G2"),
+                                                      BlockRemoved([names[0]], "G2")]
+    assert [e for e in events if e.medium == "G3.5"] == [BlockStored(names[:3], 4, medium="G3.5"),
+                                                        BlockRemoved([names[0]], "G3.5")]   # Redis made room
+    tiers.delete_everywhere([names[1]])
+    assert log.drain().events == [BlockRemoved([names[1]], "G2"), BlockRemoved([names[1]], "G3.5")]
+    pod.close()

@@ -23,7 +23,7 @@ from typing import Protocol
 import httpx
 
 log = logging.getLogger("everybyte.cluster")
-THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+THREAD_VARS = ("EVERYBYTE_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 OWNED_SERVE_ARGS = ("--host", "--port", "--kv-events", "--kv-events-replay", "--role")
 
 

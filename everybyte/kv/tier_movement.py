@@ -12,12 +12,13 @@ the chain as batches (on_evict_many -> put_many), so a host buffer becomes one d
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import OrderedDict
 from typing import Callable
 
 from everybyte.kv.events import BlockRemoved, BlockStored, KVEvent
-from everybyte.kv.tiers.base import TierBackend
+from everybyte.kv.tiers.base import TierBackend, io_executor
 
 log = logging.getLogger(__name__)
 SHARED_LEVELS = ("G3.5",)
@@ -35,11 +36,15 @@ class TierSet:
         self.on_event: Callable[[KVEvent], None] | None = None
         self.block_size = 0                           # for the events' block_size
         self.local = local
+        for t in self.tiers:                          # shared tiers only drop what they evict
+            if t not in local:
+                t.on_evict_many = lambda names, datas, u=t: self._spill(u, None, names, datas)
         self.write_through = [t for t in self.tiers if t.level in SHARED_LEVELS]
         self.bandwidth: dict[str, float] = {}         # level -> measured load bytes/s (EMA)
         self.prefill_tok_s: float | None = None       # the engine's measured prefill speed
         self.bytes_per_token = 0
         self._recent_puts: OrderedDict[bytes, None] = OrderedDict()
+        self._during_put = threading.local()          # removals a put causes, reported after it
         self._pending: list = []
 
     def __len__(self) -> int:
@@ -113,23 +118,33 @@ class TierSet:
 
     # ---- writes ------------------------------------------------------------------------------
     def _report(self, event: KVEvent) -> None:
-        if self.on_event is not None and getattr(event, "block_hashes", True):
+        if self.on_event is None or not getattr(event, "block_hashes", True):
+            return
+        deferred = getattr(self._during_put, "events", None)
+        if deferred is not None and isinstance(event, BlockRemoved):
+            deferred.append(event)
+        else:
             self.on_event(event)
 
-    def _stored(self, tier: TierBackend, names: list[bytes], ok) -> None:
+    def _put(self, tier: TierBackend, names: list[bytes], datas) -> list[bool]:
+        """tier.put_many, reported as a BlockStored and then the removals the put caused (a put
+        may evict blocks of its own batch), so a subscriber that applies them in order ends with
+        what the tier holds."""
+        self._during_put.events = deferred = []
+        try:
+            ok = tier.put_many(names, datas)
+        finally:
+            self._during_put.events = None
         self._report(BlockStored([n for n, good in zip(names, ok) if good], self.block_size, medium=tier.level))
+        for event in deferred:
+            self._report(event)
+        return ok
 
     def _put_async(self, tier: TierBackend, names: list[bytes], datas):
-        future = tier.put_many_async(names, datas)
-        def done(f) -> None:
-            if not f.cancelled() and f.exception() is None:
-                self._stored(tier, names, f.result())
-        if self.on_event is not None:
-            future.add_done_callback(done)
-        return future
+        return io_executor().submit(self._put, tier, names, datas)
 
     def _spill(self, upper: TierBackend, lower: TierBackend | None, names: list[bytes], datas) -> None:
-        """A local tier evicted a batch: it leaves that tier, and goes one tier down if any."""
+        """A tier evicted a batch: it leaves that tier, and goes one local tier down if any."""
         self._report(BlockRemoved(list(names), medium=upper.level))
         if lower is not None:
             self._put_async(lower, list(names), datas)
@@ -137,7 +152,7 @@ class TierSet:
     def put_down(self, names: list[bytes], datas) -> None:
         """Store blocks evicted from G1 in the first tier (synchronously: one batch)."""
         if self.first is not None:
-            self._stored(self.first, names, self.first.put_many(names, datas))
+            self._put(self.first, names, datas)
 
     def write_through_blocks(self, names: list[bytes], datas) -> None:
         """Put newly computed blocks (rows of datas) to the shared tiers, asynchronously."""

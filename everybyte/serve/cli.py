@@ -54,6 +54,16 @@ def make_app(args: argparse.Namespace):
         raise SystemExit("--cache-salt-from-api-key needs --api-key (one per tenant)")
     if not args.shutdown_timeout >= 0:
         raise SystemExit(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
+    if args.kv_events:                  # bad endpoints fail before the model loads
+        from everybyte.serve.kv_events_pub import default_replay_endpoint, parse_endpoint
+        try:
+            parse_endpoint(args.kv_events)
+            args.kv_events_replay = args.kv_events_replay or default_replay_endpoint(args.kv_events)
+            parse_endpoint(args.kv_events_replay)
+        except ValueError as e:
+            raise SystemExit(f"--kv-events: {e}")
+    elif args.kv_events_replay:
+        raise SystemExit("--kv-events-replay needs --kv-events")
     engine = LLMEngine(args.model, **engine_kwargs(args), max_sessions=args.max_sessions,
                        session_idle_s=args.session_idle_timeout)
     name = args.served_model_name or engine.model_config.model_id
@@ -79,16 +89,15 @@ def make_app(args: argparse.Namespace):
 def start_kv_events(state, args: argparse.Namespace) -> None:
     """Bind the KV-event feed and publish a batch after every engine step (serve/kv_events_pub)."""
     from everybyte.kv.memory_manager import KVMemoryManager
-    from everybyte.serve.kv_events_pub import KVEventFeed, KVEventPublisher, default_replay_endpoint
+    from everybyte.serve.kv_events_pub import KVEventFeed, KVEventPublisher
 
     mem = state.engine.engine.block_manager
     if not isinstance(mem, KVMemoryManager):
         raise SystemExit("--kv-events needs the prefix cache (drop --no-prefix-caching)")
+    replay, topic = args.kv_events_replay, f"kv.{mem.ns.digest.hex()}"
     try:
-        replay = args.kv_events_replay or default_replay_endpoint(args.kv_events)
-        topic = f"kv.{mem.ns.digest.hex()}"
         publisher = KVEventPublisher(args.kv_events, replay, topic, args.kv_events_buffer)
-    except (ValueError, RuntimeError) as e:
+    except (ValueError, RuntimeError) as e:          # a bad buffer size, an address in use
         raise SystemExit(f"--kv-events: {e}")
     state.kv_feed = KVEventFeed(mem.kv_events(), publisher)
     state.engine.on_step = state.kv_feed.flush

@@ -18,12 +18,12 @@ local key, lru, sizes, used = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local member, n, now, ttl, cap, dprefix = ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
 if redis.call('EXISTS', key) == 1 then
   redis.call('ZADD', lru, now, member)
-  return {0, 0}
+  return {0, {}}
 end
 local old = redis.call('HGET', sizes, member)
 if old then redis.call('DECRBY', used, old) end
 local total = tonumber(redis.call('GET', used) or '0')
-local evicted = 0
+local evicted = {}
 while total + n > cap do
   local victim = redis.call('ZRANGE', lru, 0, 0)[1]
   if not victim then break end
@@ -32,14 +32,14 @@ while total + n > cap do
   redis.call('ZREM', lru, victim)
   redis.call('HDEL', sizes, victim)
   total = redis.call('DECRBY', used, vs)
-  evicted = evicted + 1
+  table.insert(evicted, victim)
 end
 if ttl > 0 then redis.call('SET', key, ARGV[1], 'EX', ttl) else redis.call('SET', key, ARGV[1]) end
 redis.call('HSET', sizes, member, n)
 redis.call('INCRBY', used, n)
 redis.call('ZADD', lru, now, member)
 return {1, evicted}
-"""
+"""             # evicted: the names (hex) of the blocks dropped to make room
 
 _DELETE = """
 local n = redis.call('DEL', KEYS[1])
@@ -111,9 +111,9 @@ class RedisTier(TierBackend):
         res = self._call(lambda: self._put_script(keys=self._keys(name), args=args), None)
         if res is None:
             return False
-        stored, evicted = int(res[0]), int(res[1])
-        if evicted:
-            self.stats.add("evictions", evicted)
+        stored, evicted = int(res[0]), [bytes.fromhex(v.decode() if isinstance(v, bytes) else v) for v in res[1]]
+        if evicted:       # counted, and reported (TierSet turns it into BlockRemoved events)
+            self._evicted(evicted, [None] * len(evicted))
         if stored:
             self.stats.add("puts")
             self.stats.add("bytes_written", len(value))

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from everybyte.kv.block_id import KVNamespace, chain_block_ids
-from everybyte.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, EventLog
+from everybyte.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, EventLog, coalesce
 from everybyte.kv.prefix_cache import PrefixCache
 
 NS = KVNamespace("m", block_size=4)
@@ -124,3 +124,18 @@ def test_tier_events_report_each_medium(redis_server):
     tiers.delete_everywhere([names[1]])
     assert log.drain().events == [BlockRemoved([names[1]], "G2"), BlockRemoved([names[1]], "G3.5")]
     pod.close()
+
+
+def test_coalesce_merges_chains_and_removals_in_order():
+    a, b = chain_block_ids(NS, list(range(12))), chain_block_ids(NS, [9] * 8)
+    events = [BlockStored([a[0]], 4, None, token_ids=[0, 1, 2, 3]),
+              BlockStored([a[1]], 4, a[0], token_ids=[4, 5, 6, 7]),
+              BlockStored([b[0]], 4, None, token_ids=[9] * 4),                # another chain: kept apart
+              BlockStored([a[2]], 4, a[1], token_ids=[8, 9, 10, 11]),         # not after its parent here
+              BlockRemoved([a[0]]), BlockRemoved([a[1]]), BlockRemoved([b[0]], "G2"),
+              BlockStored([a[0], a[1]], 4, medium="G2"), BlockStored([a[2]], 4, a[1], medium="G2")]
+    assert coalesce(events) == [
+        BlockStored(a[:2], 4, None, token_ids=list(range(8))), BlockStored([b[0]], 4, None, token_ids=[9] * 4),
+        BlockStored([a[2]], 4, a[1], token_ids=[8, 9, 10, 11]), BlockRemoved(a[:2]), BlockRemoved([b[0]], "G2"),
+        BlockStored(a[:3], 4, medium="G2")]
+    assert coalesce([]) == [] and coalesce([AllBlocksCleared(), AllBlocksCleared()]) == [AllBlocksCleared()] * 2

@@ -66,3 +66,23 @@ class EventLog:
         with self._lock:
             batch, self._pending = KVEventBatch(self.namespace, self._pending), []
         return batch
+
+
+def coalesce(events: list[KVEvent]) -> list[KVEvent]:
+    """Merge runs as vLLM sends them: a BlockStored whose parent is the last block of the one
+    before it (same medium, same block size) extends it (hashes and token ids appended), and
+    consecutive BlockRemoved of one medium become one. Order and meaning are kept."""
+    out: list[KVEvent] = []
+    for e in events:
+        prev = out[-1] if out else None
+        if isinstance(e, BlockStored) and isinstance(prev, BlockStored) and prev.medium == e.medium \
+                and prev.block_size == e.block_size and prev.lora_id == e.lora_id \
+                and e.parent_block_hash == prev.block_hashes[-1] \
+                and bool(prev.token_ids) == bool(e.token_ids):
+            out[-1] = BlockStored(prev.block_hashes + e.block_hashes, prev.block_size, prev.parent_block_hash,
+                                  prev.medium, prev.token_ids + e.token_ids, prev.lora_id)
+        elif isinstance(e, BlockRemoved) and isinstance(prev, BlockRemoved) and prev.medium == e.medium:
+            out[-1] = BlockRemoved(prev.block_hashes + e.block_hashes, prev.medium)
+        else:
+            out.append(e)
+    return out

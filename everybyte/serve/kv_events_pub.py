@@ -17,7 +17,7 @@ from collections import deque
 
 import zmq
 
-from everybyte.kv.events import AllBlocksCleared, EventLog, KVEvent
+from everybyte.kv.events import AllBlocksCleared, EventLog, KVEvent, coalesce
 from everybyte.serve.kv_events_wire import encode_batch
 
 log = logging.getLogger("everybyte.serve.kv_events")
@@ -129,13 +129,14 @@ class KVEventPublisher:
 
 class KVEventFeed:
     """Joins a worker's EventLog to a publisher: `flush()` (once per engine step, on the engine
-    thread) sends what the log collected since the last one as one batch."""
+    thread) sends what the log collected since the last one as one batch (runs of a chain's
+    blocks merged into one BlockStored, as vLLM sends them)."""
 
     def __init__(self, log: EventLog, publisher: KVEventPublisher):
         self.log, self.publisher = log, publisher
 
     def flush(self) -> None:
-        self.publisher.publish(self.log.drain().events)
+        self.publisher.publish(coalesce(self.log.drain().events))
 
     def close(self) -> None:
         self.flush()

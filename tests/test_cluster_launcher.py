@@ -39,8 +39,9 @@ def test_plan_workers():
 
 
 class Launcher:
-    def __init__(self, *args: str):
-        cmd = [sys.executable, "-m", "everybyte.cli", "cluster", "--no-router", "--log-level", "warning", *args]
+    def __init__(self, *args: str, router: bool = False):
+        cmd = [sys.executable, "-m", "everybyte.cli", "cluster", "--log-level", "warning", *args,
+               *([] if router else ["--no-router"])]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
 
     def next_event(self) -> dict:
@@ -62,7 +63,7 @@ class Launcher:
 
 
 def _check_workers(ready: dict, roles: list[str]) -> list[dict]:
-    assert ready["event"] == "ready" and ready["router"] is None
+    assert ready["event"] == "ready"
     infos = []
     for w in ready["workers"]:
         info = httpx.get(w["url"] + "/v1/kv/info", timeout=5).json()
@@ -79,6 +80,7 @@ def test_local_cluster_workers_roles_threads_death_and_stop():
     try:
         ready = launcher.next_event()
         _check_workers(ready, ["prefill", "decode"])
+        assert ready["router"] is None
         threads = str(max(1, (os.cpu_count() or 1) // 2))
         for w in ready["workers"]:
             with open(f"/proc/{w['pid']}/environ", "rb") as f:
@@ -150,5 +152,23 @@ def test_ray_launcher_places_workers_as_actors(ray_head):
         for w in ready["workers"]:
             with pytest.raises(httpx.HTTPError):
                 httpx.get(w["url"] + "/health", timeout=2)
+    finally:
+        launcher.stop()
+
+
+def test_cluster_with_its_router():
+    from everybyte.cli import COMMANDS
+    if "router" not in COMMANDS:
+        pytest.skip("`everybyte router` is not in this tree (it comes with the router branch)")
+    port = free_port()
+    launcher = Launcher("--workers", "2", "--port", str(port), *SMALL, router=True)
+    try:
+        ready = launcher.next_event()                 # after the router answers /health
+        assert ready["router"] == f"http://127.0.0.1:{port}"
+        _check_workers(ready, ["both", "both"])
+        r = httpx.post(ready["router"] + "/v1/completions", json={"prompt": "Hello", "max_tokens": 2}, timeout=60)
+        assert r.status_code == 200 and r.json()["choices"]
+        assert launcher.stop() == 0
+        assert launcher.next_event()["event"] == "stopped"
     finally:
         launcher.stop()

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 import httpx
 
@@ -111,23 +111,25 @@ def stop_process(proc: subprocess.Popen, timeout: float) -> int | None:
     return proc.returncode
 
 
-def wait_healthy(workers: list[WorkerHandle], timeout: float, stop: threading.Event | None = None) -> None:
-    """Until every worker answers /health; RuntimeError if one exits, the time runs out or `stop`
-    is set."""
-    pending, deadline = list(workers), time.monotonic() + timeout
+def wait_healthy(targets: list[tuple[str, str, Callable[[], int | None]]], timeout: float,
+                 stop: threading.Event | None = None) -> None:
+    """Until every (name, url, poll) answers /health; RuntimeError if one exits, the time runs
+    out or `stop` is set."""
+    pending, deadline = list(targets), time.monotonic() + timeout
     while pending:
         if stop is not None and stop.is_set():
-            raise RuntimeError("stopped while the workers were starting")
-        for w in list(pending):
-            if (rc := w.poll()) is not None:
-                raise RuntimeError(f"worker {w.spec.index} ({w.url}) exited with code {rc} while starting")
+            raise RuntimeError("stopped while starting")
+        for t in list(pending):
+            name, url, poll = t
+            if (rc := poll()) is not None:
+                raise RuntimeError(f"{name} ({url}) exited with code {rc} while starting")
             try:
-                if httpx.get(w.url + "/health", timeout=1).status_code == 200:
-                    pending.remove(w)
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    pending.remove(t)
             except httpx.HTTPError:
                 pass
         if pending and time.monotonic() > deadline:
-            raise RuntimeError(f"workers {[w.spec.index for w in pending]} not healthy after {timeout:.0f} s")
+            raise RuntimeError(f"{', '.join(n for n, _, _ in pending)} not healthy after {timeout:.0f} s")
         if pending:
             time.sleep(0.3)
 
@@ -145,11 +147,13 @@ class Cluster:
         self.exited: dict[int, int] = {}
 
     def start(self, health_timeout: float) -> None:
-        wait_healthy(self.workers, health_timeout, self.stopping)
+        wait_healthy([(f"worker {w.spec.index}", w.url, w.poll) for w in self.workers], health_timeout,
+                     self.stopping)
         infos = [httpx.get(w.url + "/v1/kv/info", timeout=5).json() for w in self.workers]
-        if self.router_argv is not None:
+        if self.router_argv is not None and self.router_url is not None:
             argv = [*self.router_argv, *[a for w in self.workers for a in ("--worker", w.url)]]
-            self.router = subprocess.Popen(argv)
+            self.router = router = subprocess.Popen(argv)
+            wait_healthy([("the router", self.router_url, router.poll)], health_timeout, self.stopping)
         emit("ready", router=self.router_url,
              workers=[{"index": w.spec.index, "url": w.url, "pid": w.pid, "role": i["role"],
                        "threads": w.spec.threads, "kv_events": i["kv_events"]} for w, i in zip(self.workers, infos)])

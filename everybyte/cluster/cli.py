@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000, help="the router's port")
     p.add_argument("--policy", default="kv", choices=POLICIES, help="the router's policy")
     p.add_argument("--disagg-threshold", type=int, default=None, help="passed to the router")
+    p.add_argument("--no-events", action="store_true", help="passed to the router (approximate mode)")
     p.add_argument("--launcher", default="local", choices=("local", "ray"))
     p.add_argument("--address", default=None, help="the Ray cluster's address (with --launcher ray)")
     p.add_argument("--worker-host", default=None,
@@ -31,16 +32,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-router", action="store_true", help="start only the workers (print their URLs)")
     p.add_argument("--start-timeout", type=float, default=600.0, help="seconds for every worker to be healthy")
     p.add_argument("--stop-timeout", type=float, default=30.0, help="seconds a worker may drain on stop")
-    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-level", default="info", help="the launcher's, the workers' and the router's")
     return p
 
 
 def router_argv(args: argparse.Namespace, serve_args: list[str]) -> list[str] | None:
     if args.no_router:
         return None
-    argv = [sys.executable, "-m", "everybyte.cli", "router", "--port", str(args.port), "--policy", args.policy]
+    argv = [sys.executable, "-m", "everybyte.cli", "router", "--port", str(args.port), "--policy", args.policy,
+            "--log-level", args.log_level]
     if args.disagg_threshold is not None:
         argv += ["--disagg-threshold", str(args.disagg_threshold)]
+    if args.no_events:
+        argv.append("--no-events")
+    if "--cache-salt-from-api-key" in serve_args:     # the router names blocks per tenant as workers do
+        argv.append("--cache-salt-from-api-key")
     for i, a in enumerate(serve_args):            # the router tokenizes with the workers' model
         if a == "--model" and i + 1 < len(serve_args):
             argv += ["--model", serve_args[i + 1]]
@@ -54,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.workers is None and args.prefill is None:
         args.workers = 2
+    serve_args = [*serve_args, "--log-level", args.log_level]
     try:
         specs = plan_workers(args.workers, args.prefill, args.decode, serve_args)
     except ValueError as e:

@@ -32,6 +32,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds without a request, park or resume after which a session is forgotten")
     p.add_argument("--no-auto-park", action="store_true",
                    help="do not park a session when its chat turn ends in tool calls")
+    p.add_argument("--role", default="both", choices=["both", "prefill", "decode"],
+                   help="disaggregated prefill/decode: prefill answers do_remote_decode requests with "
+                        "kv_transfer_params and serves their KV; decode fetches it (do_remote_prefill); both")
+    p.add_argument("--kv-connector", default=None, metavar="tcp://HOST:PORT",
+                   help="where this worker serves KV blocks to decode workers (port 0: a free one); "
+                        "--role prefill binds a free port on 127.0.0.1 without it")
+    p.add_argument("--kv-transfer-timeout", type=float, default=5.0,
+                   help="seconds a remote KV fetch may take before its blocks are recomputed")
     p.add_argument("--log-level", default="info")
     add_engine_args(p)
     return p
@@ -48,12 +56,14 @@ def make_app(args: argparse.Namespace):
     if not args.shutdown_timeout >= 0:
         raise SystemExit(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
     engine = LLMEngine(args.model, **engine_kwargs(args), max_sessions=args.max_sessions,
-                       session_idle_s=args.session_idle_timeout)
+                       session_idle_s=args.session_idle_timeout, kv_role=args.role, kv_connector=args.kv_connector,
+                       kv_transfer_timeout_s=args.kv_transfer_timeout)
     name = args.served_model_name or engine.model_config.model_id
     cfg = ServerConfig(model_name=name, max_model_len=engine.max_model_len,
                        vocab_size=engine.model_config.vocab_size, api_keys=keys,
                        max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
-                       auto_park=not args.no_auto_park, cache_salt_from_api_key=args.cache_salt_from_api_key)
+                       auto_park=not args.no_auto_park, cache_salt_from_api_key=args.cache_salt_from_api_key,
+                       role=args.role, kv_connector=engine.kv_transfer.endpoint if engine.kv_transfer else None)
     state = ServerState(engine, engine.tokenizer, cfg)
     app = create_app(state)
 

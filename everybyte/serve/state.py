@@ -18,6 +18,8 @@ class ServerConfig:
     max_body_bytes: int = 8 * 1024 * 1024
     auto_park: bool = True
     cache_salt_from_api_key: bool = False   # tenants (keys) get apart KV blocks and session names
+    role: str = "both"                      # disaggregation: both | prefill | decode
+    kv_connector: str | None = None         # the endpoint this worker serves its KV blocks on
 
 
 class ServerState:

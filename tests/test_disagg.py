@@ -5,6 +5,8 @@ a peer of another KV namespace each cost a recompute, counted, never a wrong tok
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import threading
 
 import httpx
@@ -219,3 +221,13 @@ def test_prefill_worker_killed_before_the_fetch(workers, prompt_ids):
     out = _decode(decode, ids, params)
     assert _tokens(out) == _tokens(reference) and _cached(out) == 0
     assert _metric(decode, 'everybyte:kv_transfer_blocks_total{outcome="failed",path="zmq"}') == failed + 1
+
+
+@pytest.mark.parametrize("flags, msg", [(["--role", "decode", "--kv-connector", "tcp://127.0.0.1:0"], "--kv-connector"),
+                                        (["--kv-connector", "127.0.0.1:5"], "tcp://HOST:PORT"),
+                                        (["--kv-transfer-timeout", "0"], "--kv-transfer-timeout"),
+                                        (["--role", "router"], "invalid choice")])
+def test_bad_flags_are_clear_errors(flags, msg):
+    r = subprocess.run([sys.executable, "-m", "everybyte.cli", "serve", *flags], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode != 0 and msg in r.stderr

@@ -26,6 +26,8 @@ class KVTransfer:
                  timeout_s: float = 5.0, ttl_s: float = 60.0):
         if role not in ROLES:
             raise ValueError(f"unknown role {role!r}; choose one of {', '.join(ROLES)}")
+        if bind and role == "decode":
+            raise ValueError("a KV connector endpoint serves a prefill's blocks: not with role decode")
         self.memory, self.role, self.timeout_s = memory, role, timeout_s
         self.server = None
         if role == "prefill" or (bind and role == "both"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import signal
 
 from everybyte.engine.engine_args import add_engine_args, engine_kwargs
@@ -53,11 +54,18 @@ def make_app(args: argparse.Namespace):
     keys = tuple(args.api_key or [k for k in os.environ.get("EVERYBYTE_API_KEY", "").split(",") if k])
     if args.cache_salt_from_api_key and not keys:
         raise SystemExit("--cache-salt-from-api-key needs --api-key (one per tenant)")
+    if args.kv_connector and (args.role == "decode" or not re.fullmatch(r"tcp://[^:/]+:\d+", args.kv_connector)):
+        raise SystemExit(f"--kv-connector {args.kv_connector!r}: give tcp://HOST:PORT, on a prefill or both worker")
+    if not args.kv_transfer_timeout > 0:
+        raise SystemExit(f"--kv-transfer-timeout must be > 0, got {args.kv_transfer_timeout}")
     if not args.shutdown_timeout >= 0:
         raise SystemExit(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
-    engine = LLMEngine(args.model, **engine_kwargs(args), max_sessions=args.max_sessions,
-                       session_idle_s=args.session_idle_timeout, kv_role=args.role, kv_connector=args.kv_connector,
-                       kv_transfer_timeout_s=args.kv_transfer_timeout)
+    try:
+        engine = LLMEngine(args.model, **engine_kwargs(args), max_sessions=args.max_sessions,
+                           session_idle_s=args.session_idle_timeout, kv_role=args.role,
+                           kv_connector=args.kv_connector, kv_transfer_timeout_s=args.kv_transfer_timeout)
+    except ValueError as e:
+        raise SystemExit(f"everybyte serve: {e}") from None
     name = args.served_model_name or engine.model_config.model_id
     cfg = ServerConfig(model_name=name, max_model_len=engine.max_model_len,
                        vocab_size=engine.model_config.vocab_size, api_keys=keys,

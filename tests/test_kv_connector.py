@@ -54,13 +54,20 @@ def test_the_server_refuses_another_namespace_and_bad_requests(server):
     sock.close(0)
 
 
-def test_staged_blocks_expire():
+def test_staged_blocks_expire_and_are_bounded():
     s = BlockServer(DIGEST, ttl_s=0.05)
     try:
         s.offer(NAMES, _frames())
-        time.sleep(0.2)
+        time.sleep(0.3)
+        assert len(s) == 0 and s.stats["expired"] == 3         # expired with no fetch asking
         assert ZmqConnector(timeout_s=5).fetch(s.endpoint, DIGEST, NAMES) == [None] * 3
-        assert s.stats["expired"] == 3
+    finally:
+        s.close()
+    s = BlockServer(DIGEST, max_bytes=2 * len(_frames()[0]))
+    try:
+        s.offer(NAMES, _frames())
+        assert s.stats["dropped"] == 1
+        assert ZmqConnector(timeout_s=5).fetch(s.endpoint, DIGEST, NAMES)[0] is None      # the oldest went
     finally:
         s.close()
 

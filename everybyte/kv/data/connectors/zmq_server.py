@@ -2,8 +2,9 @@
 
 The engine thread stages a finished prompt's blocks (encoded from G1 in their stored format and
 framed, so they no longer depend on the pool) with `offer`; a decode worker's fetch takes them.
-A staged block stays until it is fetched or `ttl_s` passes. Thread-safe: offer() runs on the
-engine thread, the socket on this server's own thread.
+A staged block stays until it is fetched or `ttl_s` passes; past `max_bytes` staged, the oldest go
+first (counted as dropped). Thread-safe: offer() runs on the engine thread, the socket on this
+server's own thread.
 """
 from __future__ import annotations
 
@@ -20,8 +21,10 @@ NAME = 16
 
 
 class BlockServer:
-    def __init__(self, digest: bytes, bind: str = "tcp://127.0.0.1:0", ttl_s: float = 60.0):
-        self.digest, self.ttl_s = digest, ttl_s
+    def __init__(self, digest: bytes, bind: str = "tcp://127.0.0.1:0", ttl_s: float = 60.0,
+                 max_bytes: int = 1 << 30):
+        self.digest, self.ttl_s, self.max_bytes = digest, ttl_s, max_bytes
+        self._bytes = 0
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -40,7 +43,7 @@ class BlockServer:
         self._lock = threading.Lock()
         self._blocks: dict[bytes, tuple[bytes, float]] = {}       # name -> (framed block, expiry)
         self.stats = dict.fromkeys(("staged", "requests", "blocks_sent", "bytes_sent", "missing", "expired",
-                                    "refused"), 0)
+                                    "dropped", "refused"), 0)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="everybyte-kv-connector", daemon=True)
         self._thread.start()
@@ -49,21 +52,36 @@ class BlockServer:
         until = time.monotonic() + self.ttl_s
         with self._lock:
             for name, frame in zip(names, frames):
+                self._pop(name)
                 self._blocks[name] = (frame, until)
+                self._bytes += len(frame)
             self.stats["staged"] += len(names)
+            while self._bytes > self.max_bytes and self._blocks:
+                self._pop(next(iter(self._blocks)))
+                self.stats["dropped"] += 1
+
+    def _pop(self, name: bytes) -> bytes:
+        frame = self._blocks.pop(name, (b"", 0.0))[0]
+        self._bytes -= len(frame)
+        return frame
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            for name in [n for n, (_, t) in self._blocks.items() if t < now]:
+                self._pop(name)
+                self.stats["expired"] += 1
 
     def __len__(self) -> int:
         with self._lock:
             return len(self._blocks)
 
     def _take(self, names: list[bytes]) -> list[bytes]:
-        now, out = time.monotonic(), []
+        self._expire()
+        out = []
         with self._lock:
-            for name in [n for n, (_, t) in self._blocks.items() if t < now]:
-                del self._blocks[name]
-                self.stats["expired"] += 1
             for name in names:
-                frame = self._blocks.pop(name, (b"", 0.0))[0]
+                frame = self._pop(name)
                 self.stats["blocks_sent" if frame else "missing"] += 1
                 self.stats["bytes_sent"] += len(frame)
                 out.append(frame)
@@ -85,6 +103,7 @@ class BlockServer:
         while not self._stop.is_set():
             try:
                 if not poller.poll(100):
+                    self._expire()
                     continue
                 ident, *msg = self._sock.recv_multipart()
                 self._sock.send_multipart([ident, *self._answer(msg)], copy=False)

@@ -63,6 +63,9 @@ class EngineConfig:
     kv_exact_tail: bool = True             # fp8/nvfp4: each sequence's last block also kept unquantized
     max_sessions: int = 10000              # agent sessions remembered; the least recently active go first
     session_idle_s: float = 3600.0         # a session idle this long is forgotten (its private KV freed)
+    kv_role: str = "both"                  # disaggregation: both | prefill | decode (engine/kv_transfer)
+    kv_connector: str | None = None        # tcp://HOST:PORT the KV connector binds (prefill: a free port if None)
+    kv_transfer_timeout_s: float = 5.0     # a remote block fetch not answered by then is recomputed
 
     def __post_init__(self):
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -83,5 +86,7 @@ class EngineConfig:
             raise ValueError(f"session_idle_s must be > 0, got {self.session_idle_s!r}")
         if not self.kv_load_timeout_s > 0:
             raise ValueError(f"kv_load_timeout_s must be > 0, got {self.kv_load_timeout_s!r}")
+        if not self.kv_transfer_timeout_s > 0:
+            raise ValueError(f"kv_transfer_timeout_s must be > 0, got {self.kv_transfer_timeout_s!r}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len!r}")

@@ -10,7 +10,7 @@ seeded generator) and is told when a request leaves (release).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 from typing import Sequence as Seq
 
 from everybyte.engine.outputs import RequestOutput
@@ -72,6 +72,7 @@ class EngineCore:
         self.eos_token_ids = set(eos_token_ids)
         self.max_model_len = max_model_len or scheduler.max_model_len
         self.requests: dict[str, CoreRequest] = {}
+        self.on_finish: Callable[[Sequence], None] | None = None    # e.g. publish its KV (engine/kv_transfer)
 
     # ---- requests -------------------------------------------------------------------------
     def add(self, seq: Sequence, stop: StopChecker | None = None) -> str:
@@ -115,6 +116,8 @@ class EngineCore:
         for k, i in enumerate(res.rows):
             req = self.requests[sched.seqs[i].request_id]
             self._append(req, res.token_ids[k], res.logprobs[k], now)
+            if req.seq.is_finished and self.on_finish is not None:
+                self.on_finish(req.seq)
             outputs.append(self.output(req))
             if req.seq.is_finished:
                 del self.requests[req.seq.request_id]
@@ -154,7 +157,7 @@ class EngineCore:
         return RequestOutput(seq.request_id, seq.prompt, seq.prompt_token_ids, text,
                              seq.completion_token_ids, seq.finish_reason,
                              None if seq.logprobs is None else list(seq.logprobs), seq.metrics,
-                             seq.stop_reason, seq.num_cached_tokens, seq.session_id)
+                             seq.stop_reason, seq.num_cached_tokens, seq.session_id, seq.kv_transfer_params)
 
     def run_to_completion(self, request_ids: list[str]) -> list[RequestOutput]:
         """Step until the given (added) requests finish; their outputs in order."""

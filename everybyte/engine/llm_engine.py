@@ -9,12 +9,14 @@ from everybyte.engine.assembly import build_engine
 from everybyte.engine.config import EngineConfig
 from everybyte.engine.core import CoreRequest
 from everybyte.engine.detokenizer import IncrementalDetokenizer
+from everybyte.engine.kv_transfer import KVTransfer
 from everybyte.engine.outputs import RequestOutput
 from everybyte.engine.sampling_defaults import sampling_defaults
 from everybyte.engine.sampling_params import SamplingParams
 from everybyte.engine.sequence import Sequence
 from everybyte.kv.clock import SYSTEM, Clock
 from everybyte.kv.data.pool import kv_bytes_per_token
+from everybyte.kv.memory_manager import KVMemoryManager
 from everybyte.models.loader import LoadedModel
 
 
@@ -33,12 +35,25 @@ class LLMEngine:
         self.eos_token_ids = self.core.eos_token_ids
         self.sampling_defaults = sampling_defaults(self.model_config)   # for the fields a request leaves unset
         self._ids = count()
+        self.kv_transfer = self._kv_transfer()
+
+    def _kv_transfer(self) -> KVTransfer | None:
+        c = self.config
+        if not isinstance(self.block_manager, KVMemoryManager):
+            if c.kv_role != "both" or c.kv_connector:
+                raise ValueError(f"kv_role={c.kv_role!r} / kv_connector need the memory system (prefix caching on)")
+            return None
+        transfer = KVTransfer(self.block_manager, c.kv_role, c.kv_connector, c.kv_transfer_timeout_s)
+        self.core.on_finish = transfer.on_finish
+        return transfer
 
     # ---- requests -------------------------------------------------------------------------
     def make_sequence(self, prompt: str | list[int], params: SamplingParams | None = None,
                       request_id: str | None = None, prompt_token_ids: list[int] | None = None,
-                      session_id: str | None = None, cache_salt: str | None = None) -> Sequence:
-        """Validate a request and build its sequence (nothing is queued)."""
+                      session_id: str | None = None, cache_salt: str | None = None,
+                      kv_transfer_params: dict | None = None) -> Sequence:
+        """Validate a request and build its sequence (nothing is queued). kv_transfer_params:
+        disaggregated prefill/decode (engine/kv_transfer), as in vLLM's API."""
         params = (params or SamplingParams()).with_defaults(self.sampling_defaults)
         params.validate()
         if isinstance(prompt, str):
@@ -64,6 +79,10 @@ class LLMEngine:
         seq = Sequence(ids, params, rid, text, arrival_time=self.clock.time())
         seq.session_id, seq.cache_salt = session_id, cache_salt
         self.scheduler.check(seq)
+        if kv_transfer_params is not None:
+            if self.kv_transfer is None:
+                raise ValueError("kv_transfer_params need the memory system (prefix caching on)")
+            self.kv_transfer.admit(seq, kv_transfer_params)
         return seq
 
     def enqueue(self, seq: Sequence) -> str:
@@ -73,9 +92,10 @@ class LLMEngine:
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, prompt_token_ids: list[int] | None = None,
-                    session_id: str | None = None, cache_salt: str | None = None) -> str:
+                    session_id: str | None = None, cache_salt: str | None = None,
+                    kv_transfer_params: dict | None = None) -> str:
         return self.enqueue(self.make_sequence(prompt, params, request_id, prompt_token_ids,
-                                               session_id, cache_salt))
+                                               session_id, cache_salt, kv_transfer_params))
 
     def abort(self, request_id: str) -> RequestOutput | None:
         return self.core.abort(request_id)
@@ -93,11 +113,14 @@ class LLMEngine:
 
     # ---- whole requests -------------------------------------------------------------------
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 session_id: str | None = None, cache_salt: str | None = None) -> list[RequestOutput]:
+                 session_id: str | None = None, cache_salt: str | None = None,
+                 kv_transfer_params: dict | None = None) -> list[RequestOutput]:
         """Prompts: a string, a token id list, or a list of either. Returns outputs in order.
         session_id names the agent session they belong to (see park/resume); cache_salt keeps
-        their KV blocks apart from other tenants'."""
-        return self.run_to_completion(self._make_all(prompts, sampling_params, None, session_id, cache_salt))
+        their KV blocks apart from other tenants'; kv_transfer_params (each prompt's) see
+        engine/kv_transfer."""
+        seqs = self._make_all(prompts, sampling_params, None, session_id, cache_salt, kv_transfer_params)
+        return self.run_to_completion(seqs)
 
     def run_to_completion(self, seqs: list[Sequence]) -> list[RequestOutput]:
         return self.core.run_to_completion([self.enqueue(s) for s in seqs])
@@ -118,7 +141,7 @@ class LLMEngine:
                 self.abort(rid)
 
     def _make_all(self, prompts, sampling_params, token_ids=None, session_id=None,
-                  cache_salt=None) -> list[Sequence]:
+                  cache_salt=None, kv_transfer_params=None) -> list[Sequence]:
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -127,7 +150,8 @@ class LLMEngine:
         if len(sampling_params) != len(prompts):
             raise ValueError(f"got {len(sampling_params)} sampling params for {len(prompts)} prompts")
         token_ids = token_ids or [None] * len(prompts)
-        return [self.make_sequence(p, sp, prompt_token_ids=t, session_id=session_id, cache_salt=cache_salt)
+        return [self.make_sequence(p, sp, prompt_token_ids=t, session_id=session_id, cache_salt=cache_salt,
+                                   kv_transfer_params=kv_transfer_params)
                 for p, sp, t in zip(prompts, sampling_params, token_ids)]
 
     # ---- reporting ------------------------------------------------------------------------
@@ -164,7 +188,12 @@ class LLMEngine:
     def close(self) -> None:
         """Finish pending tier writes (write-through to shared tiers) before the process exits."""
         self.core.close()
+        if self.kv_transfer is not None:
+            self.kv_transfer.close()
 
     def stats(self) -> dict:
-        return {**self.core.stats(self.weights_bytes), "kv_pool": self.pool.describe(),
-                "max_model_len": self.max_model_len}
+        out = {**self.core.stats(self.weights_bytes), "kv_pool": self.pool.describe(),
+               "max_model_len": self.max_model_len}
+        if self.kv_transfer is not None:
+            out["kv_transfer"] = self.kv_transfer.stats()
+        return out

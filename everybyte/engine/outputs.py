@@ -35,6 +35,7 @@ class RequestOutput:
     stop_reason: str | int | None = None        # the stop string or stop token id that matched
     num_cached_tokens: int = 0                  # prompt tokens reused from any KV tier
     session_id: str | None = None
+    kv_transfer_params: dict | None = None      # a prefill for a remote decode: where its KV waits
 
     @property
     def finished(self) -> bool:

@@ -38,6 +38,8 @@ class Sequence:
         self.session_id: str | None = None       # agent session this request belongs to
         self.cache_salt: str | None = None       # tenant salt: blocks are shared only within it
         self.num_cached_tokens = 0               # prompt tokens reused instead of computed
+        self.kv_transfer: str | None = None      # "publish": its prompt's KV goes to a decode worker
+        self.kv_transfer_params: dict | None = None   # where that KV waits, once published
         self.metrics = RequestMetrics(time.time() if arrival_time is None else arrival_time)
 
     def __len__(self):

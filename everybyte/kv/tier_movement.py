@@ -8,6 +8,8 @@ tiers (first tier that has each block) and fetched, one streamed batch read per 
 measured load speed is slower than recomputing the same tokens is skipped. Batches move down
 the chain as batches (on_evict_many -> put_many), so a host buffer becomes one disk pack.
 `on_event` (kv/events) hears every block a tier stores or drops, with the tier's level as medium.
+A remote source (kv/connector.RemoteBlocks: another worker's blocks) is searched after the local
+tiers and before the shared ones; what it fails to deliver is asked of the shared tiers.
 """
 from __future__ import annotations
 
@@ -22,12 +24,13 @@ from everybyte.kv.tiers.base import TierBackend, io_executor
 
 log = logging.getLogger(__name__)
 SHARED_LEVELS = ("G3.5",)
+REMOTE_LEVELS = ("remote",)
 
 
 class TierSet:
     def __init__(self, tiers: list[TierBackend]):
         self.tiers = list(tiers)
-        local = [t for t in self.tiers if t.level not in SHARED_LEVELS]
+        local = [t for t in self.tiers if t.level not in SHARED_LEVELS + REMOTE_LEVELS]
         self.first = local[0] if local else (self.tiers[0] if self.tiers else None)
         for i, upper in enumerate(local):        # the last local tier drops what it evicts
             lower = local[i + 1] if i + 1 < len(local) else None
@@ -40,6 +43,7 @@ class TierSet:
             if t not in local:
                 t.on_evict_many = lambda names, datas, u=t: self._spill(u, None, names, datas)
         self.write_through = [t for t in self.tiers if t.level in SHARED_LEVELS]
+        self.remote = [t for t in self.tiers if t.level in REMOTE_LEVELS]
         self.bandwidth: dict[str, float] = {}         # level -> measured load bytes/s (EMA)
         self.prefill_tok_s: float | None = None       # the engine's measured prefill speed
         self.bytes_per_token = 0
@@ -49,6 +53,12 @@ class TierSet:
 
     def __len__(self) -> int:
         return len(self.tiers)
+
+    def add_remote(self, tier: TierBackend) -> None:
+        """A source of other workers' blocks: searched before the shared tiers, never written to."""
+        at = next((i for i, t in enumerate(self.tiers) if t.level in SHARED_LEVELS), len(self.tiers))
+        self.tiers.insert(at, tier)
+        self.remote.append(tier)
 
     # ---- load or recompute --------------------------------------------------------------------
     def worth_loading(self, tier: TierBackend) -> bool:
@@ -69,7 +79,7 @@ class TierSet:
         local tiers, or all of them when a usable shared tier could have any."""
         if any(self.worth_loading(t) for t in self.write_through):
             return len(names)
-        usable = [t for t in self.local if self.worth_loading(t)]
+        usable = [t for t in self.local + self.remote if self.worth_loading(t)]
         for i, name in enumerate(names):
             if not any(t.contains(name) for t in usable):
                 return i
@@ -96,25 +106,48 @@ class TierSet:
         spent inside each tier's reads gives its measured load bandwidth."""
         for tier in dict.fromkeys(found):
             idx = [i for i, t in enumerate(found) if t is tier]
-            answered, nbytes, busy = set(), 0, 0.0
-            reads = tier.get_stream([names[i] for i in idx], scratch)
-            try:
-                while True:
-                    t0 = time.perf_counter()
-                    try:
-                        batch = next(reads, None)
-                    except Exception as e:       # a tier failing mid-read is a miss
-                        log.warning("%s tier read failed: %r", tier.level, e)
-                        batch = [(j, None) for j in range(len(idx)) if j not in answered]
-                        reads = iter(())
-                    busy += time.perf_counter() - t0
-                    if batch is None:
-                        break
-                    answered.update(j for j, _ in batch)
-                    nbytes += sum(_nbytes(b) for _, b in batch if b is not None)
-                    yield tier, [(idx[j], b) for j, b in batch]
-            finally:                             # also when the reader stops early
-                self.observe(tier, nbytes, busy)
+            if tier in self.remote:
+                yield from self._remote_stream(tier, idx, names, scratch)
+            else:
+                yield from self._tier_stream(tier, idx, names, scratch)
+
+    def _remote_stream(self, tier: TierBackend, idx: list[int], names: list[bytes], scratch):
+        """A remote source's blocks; those it did not deliver come from a shared tier holding them."""
+        missed = []
+        for _, batch in self._tier_stream(tier, idx, names, scratch):
+            missed += [i for i, b in batch if b is None]
+            if got := [(i, b) for i, b in batch if b is not None]:
+                yield tier, got
+        for shared in self.write_through:
+            if not missed or not self.worth_loading(shared):
+                continue
+            held = [i for i, ok in zip(missed, shared.contains_many([names[i] for i in missed])) if ok]
+            if held:
+                yield from self._tier_stream(shared, held, names, scratch)
+                missed = [i for i in missed if i not in held]
+        if missed:
+            yield tier, [(i, None) for i in missed]
+
+    def _tier_stream(self, tier: TierBackend, idx: list[int], names: list[bytes], scratch):
+        answered, nbytes, busy = set(), 0, 0.0
+        reads = tier.get_stream([names[i] for i in idx], scratch)
+        try:
+            while True:
+                t0 = time.perf_counter()
+                try:
+                    batch = next(reads, None)
+                except Exception as e:       # a tier failing mid-read is a miss
+                    log.warning("%s tier read failed: %r", tier.level, e)
+                    batch = [(j, None) for j in range(len(idx)) if j not in answered]
+                    reads = iter(())
+                busy += time.perf_counter() - t0
+                if batch is None:
+                    break
+                answered.update(j for j, _ in batch)
+                nbytes += sum(_nbytes(b) for _, b in batch if b is not None)
+                yield tier, [(idx[j], b) for j, b in batch]
+        finally:                             # also when the reader stops early
+            self.observe(tier, nbytes, busy)
 
     # ---- writes ------------------------------------------------------------------------------
     def _report(self, event: KVEvent) -> None:

@@ -11,6 +11,7 @@ from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from everybyte.engine.sampling_params import SamplingParams
+from everybyte.kv.connector import transfer_kind
 from everybyte.serve.async_engine import ShuttingDown
 from everybyte.serve.guard import Guard
 from everybyte.serve.kv_info import kv_info
@@ -203,7 +204,27 @@ def _writer(state: ServerState, request: Request, body, object_: str, response_i
         salt = tenant if salt is None else f"{tenant}/{salt}"
     writer = ResponseWriter(state, object_, response_id, session, tools=tools, cache_salt=salt)
     writer.return_token_ids = body.return_token_ids
+    writer.kv_transfer_params = _transfer_params(state.config, body)
     return writer
+
+
+def _transfer_params(cfg: ServerConfig, body) -> dict | None:
+    """The body's kv_transfer_params if this worker can do what they ask (else a 400)."""
+    params = body.kv_transfer_params
+    try:
+        kind = transfer_kind(params)
+    except ValueError as e:
+        raise APIError(400, str(e), param="kv_transfer_params")
+    if kind == "decode":
+        if cfg.kv_connector is None:
+            raise APIError(400, f"do_remote_decode: this worker ({cfg.role}) serves no KV; start it with "
+                                "--role prefill or --kv-connector", param="kv_transfer_params")
+        if body.stream or (isinstance(getattr(body, "prompt", None), list) and body.prompt
+                           and not isinstance(body.prompt[0], int) and len(body.prompt) > 1):
+            raise APIError(400, "do_remote_decode takes one prompt and stream=false", param="kv_transfer_params")
+    if kind == "prefill" and cfg.role == "prefill":
+        raise APIError(400, "do_remote_prefill: this worker's role is prefill", param="kv_transfer_params")
+    return params if kind else None
 
 
 def _error(e: APIError) -> JSONResponse:

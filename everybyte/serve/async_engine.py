@@ -36,6 +36,7 @@ class _Pending:
     loop: asyncio.AbstractEventLoop
     session_id: str | None = None
     cache_salt: str | None = None
+    kv_transfer_params: dict | None = None
     done: bool = False
 
 
@@ -65,14 +66,15 @@ class AsyncEngine:
             return len(self._streams) + len(self._inbox)
 
     def submit(self, jobs: list[tuple]) -> list[_Pending]:
-        """Admit requests (request_id, prompt_token_ids, params, session_id, cache_salt), all or
-        none, before any response starts: QueueFull past max_queue, ShuttingDown while draining."""
+        """Admit requests (request_id, prompt_token_ids, params, session_id, cache_salt[,
+        kv_transfer_params]), all or none, before any response starts: QueueFull past max_queue,
+        ShuttingDown while draining."""
         if self.error is not None:
             raise RuntimeError(f"engine loop stopped: {self.error!r}")
         if len(jobs) > self.max_queue:
             raise ValueError(f"{len(jobs)} prompts in one request; at most {self.max_queue} (--max-queue)")
         loop = asyncio.get_running_loop()
-        ps = [_Pending(rid, ids, params, asyncio.Queue(), loop, sid, salt) for rid, ids, params, sid, salt in jobs]
+        ps = [_Pending(rid, ids, params, asyncio.Queue(), loop, sid, salt, *kv) for rid, ids, params, sid, salt, *kv in jobs]
         with self._lock:
             if self._stopping or self.deadline is not None:
                 raise ShuttingDown("server is shutting down")
@@ -177,7 +179,8 @@ class AsyncEngine:
         for p in inbox:
             try:
                 self.engine.add_request(p.prompt_token_ids, p.params, request_id=p.request_id,
-                                        session_id=p.session_id, cache_salt=p.cache_salt)
+                                        session_id=p.session_id, cache_salt=p.cache_salt,
+                                        **({"kv_transfer_params": p.kv_transfer_params} if p.kv_transfer_params else {}))
                 self._streams[p.request_id] = p
             except Exception as e:  # bad input that slipped past the API checks
                 p.loop.call_soon_threadsafe(p.queue.put_nowait, e)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import signal
 
 from everybyte.engine.engine_args import add_engine_args, engine_kwargs
@@ -32,9 +33,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds without a request, park or resume after which a session is forgotten")
     p.add_argument("--no-auto-park", action="store_true",
                    help="do not park a session when its chat turn ends in tool calls")
+    p.add_argument("--role", default="both", choices=["both", "prefill", "decode"],
+                   help="disaggregated prefill/decode: prefill answers do_remote_decode requests with "
+                        "kv_transfer_params and serves their KV; decode fetches it (do_remote_prefill); both")
+    p.add_argument("--kv-connector", default=None, metavar="tcp://HOST:PORT",
+                   help="where this worker serves KV blocks to decode workers (port 0: a free one); "
+                        "--role prefill binds a free port on 127.0.0.1 without it")
+    p.add_argument("--kv-transfer-timeout", type=float, default=5.0,
+                   help="seconds a remote KV fetch may take before its blocks are recomputed")
     p.add_argument("--log-level", default="info")
-    p.add_argument("--role", default="both", choices=("both", "prefill", "decode"),
-                   help="disaggregated serving: what a router sends this worker (reported by /v1/kv/info)")
     p.add_argument("--kv-events", default=None, metavar="tcp://HOST:PORT",
                    help="publish KV events (vLLM's schema, msgpack over ZeroMQ PUB) on this endpoint")
     p.add_argument("--kv-events-replay", default=None, metavar="tcp://HOST:PORT",
@@ -52,6 +59,10 @@ def make_app(args: argparse.Namespace):
     keys = tuple(args.api_key or [k for k in os.environ.get("EVERYBYTE_API_KEY", "").split(",") if k])
     if args.cache_salt_from_api_key and not keys:
         raise SystemExit("--cache-salt-from-api-key needs --api-key (one per tenant)")
+    if args.kv_connector and (args.role == "decode" or not re.fullmatch(r"tcp://[^:/]+:\d+", args.kv_connector)):
+        raise SystemExit(f"--kv-connector {args.kv_connector!r}: give tcp://HOST:PORT, on a prefill or both worker")
+    if not args.kv_transfer_timeout > 0:
+        raise SystemExit(f"--kv-transfer-timeout must be > 0, got {args.kv_transfer_timeout}")
     if not args.shutdown_timeout >= 0:
         raise SystemExit(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
     if args.kv_events:                  # bad endpoints fail before the model loads
@@ -64,14 +75,20 @@ def make_app(args: argparse.Namespace):
             raise SystemExit(f"--kv-events: {e}")
     elif args.kv_events_replay:
         raise SystemExit("--kv-events-replay needs --kv-events")
-    engine = LLMEngine(args.model, **engine_kwargs(args), max_sessions=args.max_sessions,
-                       session_idle_s=args.session_idle_timeout)
+    try:
+        engine = LLMEngine(args.model, **engine_kwargs(args), max_sessions=args.max_sessions,
+                           session_idle_s=args.session_idle_timeout, kv_role=args.role,
+                           kv_connector=args.kv_connector, kv_transfer_timeout_s=args.kv_transfer_timeout)
+    except ValueError as e:
+        raise SystemExit(f"everybyte serve: {e}") from None
     name = args.served_model_name or engine.model_config.model_id
     cfg = ServerConfig(model_name=name, max_model_len=engine.max_model_len,
                        vocab_size=engine.model_config.vocab_size, api_keys=keys,
                        max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
-                       auto_park=not args.no_auto_park, cache_salt_from_api_key=args.cache_salt_from_api_key)
-    cfg.role = args.role
+                       auto_park=not args.no_auto_park, cache_salt_from_api_key=args.cache_salt_from_api_key,
+                       role=args.role,
+                       kv_connector={"endpoint": engine.kv_transfer.endpoint}
+                       if engine.kv_transfer and engine.kv_transfer.endpoint else None)
     state = ServerState(engine, engine.tokenizer, cfg)
     if args.kv_events:
         start_kv_events(state, args)

@@ -92,6 +92,7 @@ class _EngineCollector:
                 cap.add_metric([tier], t.get("capacity_bytes", 0))
             yield used
             yield cap
+        yield from _transfer_metrics(s.get("kv_transfer", {}))
         moved = mem.get("bytes_moved", {})
         if moved:
             c = CounterMetricFamily("everybyte:kv_bytes_moved", "KV bytes moved per tier and direction",
@@ -100,3 +101,31 @@ class _EngineCollector:
                 for direction, v in directions.items():
                     c.add_metric([tier, direction], v)
             yield c
+
+
+def _transfer_metrics(t: dict):
+    """Disaggregated prefill/decode: bytes and blocks received per connector path, and served."""
+    paths = t.get("paths", {})
+    if paths:
+        nbytes = CounterMetricFamily("everybyte:kv_transfer_bytes_received", "KV bytes received from other "
+                                     "workers per connector path (zmq: direct; redis: the pod-shared tier)",
+                                     labels=["path"])
+        blocks = CounterMetricFamily("everybyte:kv_transfer_blocks", "remote KV blocks by path and outcome",
+                                     labels=["path", "outcome"])
+        for path, d in paths.items():
+            nbytes.add_metric([path], d.get("bytes_received", 0))
+            for outcome in ("blocks_received", "missing", "corrupt", "failed", "refused"):
+                if outcome in d:
+                    blocks.add_metric([path, outcome.removeprefix("blocks_")], d[outcome])
+        yield nbytes
+        yield blocks
+    if "refused" in t:
+        yield CounterMetricFamily("everybyte:kv_transfer_refused", "transfers refused: the peer's namespace "
+                                  "digest differs", value=t["refused"])
+    served = t.get("served")
+    if served:
+        c = CounterMetricFamily("everybyte:kv_transfer_served", "KV blocks this worker staged and sent",
+                                labels=["what"])
+        for key, v in served.items():
+            c.add_metric([key], v)
+        yield c

@@ -53,6 +53,7 @@ class _Request(BaseModel):
     session_id: Optional[str] = Field(default=None, max_length=MAX_SESSION_ID)
     cache_salt: Optional[str] = Field(default=None, min_length=1, max_length=MAX_CACHE_SALT)   # vLLM's
     return_token_ids: bool = False    # vLLM-compatible: the generated token ids in each choice
+    kv_transfer_params: Optional[dict[str, Any]] = None   # vLLM's disaggregated prefill/decode (engine/kv_transfer)
 
 
 class CompletionRequest(_Request):

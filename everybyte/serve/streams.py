@@ -16,6 +16,7 @@ class ResponseWriter:
         self.state, self.object, self.id, self.session_id = state, object_, response_id, session_id
         self.tools, self.cache_salt = tools, cache_salt
         self.return_token_ids = False
+        self.kv_transfer_params: dict | None = None
         self.chat = object_ == "chat.completion"
         self.model = state.config.model_name
         self.pending: list = []
@@ -25,7 +26,7 @@ class ResponseWriter:
         or a draining server is an HTTP status (429, 503), never an error inside a 200 stream."""
         try:
             self.pending = self.state.engine.submit(
-                [(f"{self.id}-{i}", ids, params, self.session_id, self.cache_salt)
+                [(f"{self.id}-{i}", ids, params, self.session_id, self.cache_salt, self.kv_transfer_params)
                  for i, (ids, params) in enumerate(jobs)])
         except QueueFull as e:
             raise APIError(429, f"server busy: {e}; retry later", "rate_limit_error", code="queue_full",
@@ -115,8 +116,11 @@ class ResponseWriter:
                                 "finish_reason": out.finish_reason})
             if self.return_token_ids:
                 choices[-1]["token_ids"] = list(out.token_ids)
-        return {"id": self.id, "object": self.object, "created": now(), "model": self.model,
+        body = {"id": self.id, "object": self.object, "created": now(), "model": self.model,
                 "choices": choices, "usage": usage(n_prompt, n_out, n_cached)}
+        if published := [o.kv_transfer_params for o in outs if getattr(o, "kv_transfer_params", None)]:
+            body["kv_transfer_params"] = published[0]
+        return body
 
     async def stream(self, job, stream_options, request):
         ids, _ = job

@@ -11,6 +11,7 @@ import sys
 COMMANDS = {
     "generate": ("everybyte.engine.generate_cli", "generate text with the engine, streaming to stdout"),
     "serve": ("everybyte.serve.cli", "start the OpenAI-compatible HTTP server"),
+    "router": ("everybyte.cluster.router_cli", "a KV-aware OpenAI-compatible router over serve workers"),
     "convert": ("everybyte.models.convert_cli", "write a model as a Hugging Face directory: [MODEL] --to hf DIR"),
     "quantize": ("everybyte.engine.quantize_cli", "write an NVFP4 (ModelOpt) checkpoint: [MODEL] --to nvfp4 DIR"),
     "bench": (None, "run a benchmark: everybyte bench NAME [--json PATH] (see `everybyte bench --help`)"),

@@ -27,6 +27,7 @@ BENCHMARKS = {
     "agentic": ("everybyte.bench.agentic", "replay recorded agent sessions against an endpoint or the embedded engine"),
     "memory": ("everybyte.bench.micro.memory", "levers off vs each lever vs all: prefill computed, resumed-turn TTFT, tok/s, G1 ledger"),
     "disk-reader": ("everybyte.bench.micro.disk_reader", "the disk tier's reader (C and Python) vs a plain sequential read"),
+    "router": ("everybyte.bench.router", "router microbenchmark: decision p50/p99 and KV event ingestion at 64 workers, 1M blocks"),
     "compare": ("everybyte.bench.compare", "everybyte's server vs peer servers (bench/peers/) on the same trace"),
 }
 

@@ -130,28 +130,21 @@ class KVIndex:
         for w in names:
             everyone |= self.bit(w)
         g1, g2, g3, g35 = self._holders
-        a1 = a12 = a123 = aall = everyone        # still matching: G1, +G2, +G3, +G3.5
+        alive = [everyone] * 4                   # still matching: G1, +G2, +G3, +G3.5
         ended: list[dict[int, int]] = [{}, {}, {}, {}]
         for i, h in enumerate(block_hashes):
             m1 = g1.get(h, 0)
             m12 = m1 | g2.get(h, 0)
             m123 = m12 | g3.get(h, 0)
             shared = g35.get(h, 0)
-            mall = m123 | self._expand_shared(shared) if shared else m123
-            if a1 & ~m1:
-                _record(ended[0], a1 & ~m1, i)
-                a1 &= m1
-            if a12 & ~m12:
-                _record(ended[1], a12 & ~m12, i)
-                a12 &= m12
-            if a123 & ~m123:
-                _record(ended[2], a123 & ~m123, i)
-                a123 &= m123
-            if aall & ~mall:
-                _record(ended[3], aall & ~mall, i)
-                aall &= mall
-                if not aall:                 # the tiers nest, so every worker's walk has ended
-                    break
+            masks = (m1, m12, m123, m123 | self._expand_shared(shared) if shared else m123)
+            for k in range(4):
+                gone = alive[k] & ~masks[k]
+                if gone:
+                    _record(ended[k], gone, i)
+                    alive[k] &= masks[k]
+            if not alive[3]:                     # the tiers nest, so every worker's walk has ended
+                break
         n = len(block_hashes)
         for w in names:
             s = self._slots[w]

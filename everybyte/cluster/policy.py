@@ -43,9 +43,9 @@ class Decision:
 def prefill_blocks(req: Request, w: Worker, o: Overlap) -> float:
     """Blocks' worth of prefill work on `w`: what is missing, plus lower-tier loads at their price."""
     missing = max(0.0, req.prompt_tokens - o.total * req.block_size) / req.block_size
-    tiers = o.by_tier()
-    return missing + sum(n * w.load_fraction(t) for t, n in tiers.items() if t != "G1")
-
+    if o.total == o.g1:                          # nothing to load from a lower tier
+        return missing
+    return missing + sum(n * w.load_fraction(t) for t, n in o.by_tier().items() if n and t != "G1")
 
 def kv_cost(req: Request, w: Worker, overlap_weight: float) -> float:
     o = req.overlaps.get(w.url, Overlap())

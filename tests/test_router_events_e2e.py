@@ -81,7 +81,7 @@ def test_router_learns_from_events_alone(workers):
 
         def indexed() -> float:
             for line in httpx.get(r.url + "/metrics").text.splitlines():
-                if line.startswith(f'everybyte:router_indexed_blocks{{tier="G1",worker="{target.url}"}}'):
+                if line.startswith(f'everybyte:router_indexed_blocks{{worker="{target.url}",tier="G1"}}'):
                     return float(line.rsplit(" ", 1)[1])
             return 0.0
         wait_for(lambda: indexed() >= 8)

@@ -81,7 +81,8 @@ class EventFeed:
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect(endpoint)
-        expected: int | None = None
+        expected = self._replay(worker, replay, 0)      # what the worker did before we joined
+        last_live: int | None = None
         try:
             while not stop.is_set():
                 if not sub.poll(100):
@@ -91,9 +92,13 @@ class EventFeed:
                     self.stats["bad"] += 1
                     continue
                 seq = int.from_bytes(frames[1], "big", signed=True)
+                restarted = last_live is not None and seq <= last_live
+                last_live = seq
+                if expected is not None and seq < expected and not restarted:
+                    continue                             # already delivered by the replay
                 if expected is not None and seq != expected:
                     self.stats["gaps"] += 1
-                    if seq < expected or not self._replay(worker, replay, expected, seq):
+                    if restarted or (self._replay(worker, replay, expected, seq) or -1) < seq:
                         self.stats["resets"] += 1
                         self.on_reset(worker)
                 self._deliver(worker, frames[2])
@@ -103,27 +108,30 @@ class EventFeed:
         finally:
             sub.close(0)
 
-    def _replay(self, worker: str, endpoint: str | None, start: int, upto: int) -> bool:
-        """Fetch and deliver batches start..upto-1; False when the worker's buffer cannot."""
+    def _replay(self, worker: str, endpoint: str | None, start: int, upto: int | None = None) -> int | None:
+        """Deliver the worker's buffered batches from `start` (up to `upto`, exclusive, when given:
+        filling a gap, which must then start exactly at `start`); the next seq, or None when the
+        buffer cannot (or has nothing)."""
         if endpoint is None:
-            return False
+            return None
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        want: int | None = None
         try:
             sock.connect(endpoint)
             sock.send(start.to_bytes(8, "big", signed=True))
-            want, deadline = start, time.monotonic() + self.replay_timeout_s
+            deadline = time.monotonic() + self.replay_timeout_s
             while sock.poll(max(1, int((deadline - time.monotonic()) * 1000))):
                 frames = sock.recv_multipart()
                 seq = int.from_bytes(frames[-2], "big", signed=True)
                 if seq == END_SEQ:
-                    return want >= upto
-                if seq != want:
-                    return False              # the buffer no longer holds what was lost
-                if seq < upto:
+                    return want
+                if upto is not None and seq != (start if want is None else want):
+                    return None                   # the buffer no longer holds what was lost
+                if upto is None or seq < upto:
                     self._deliver(worker, frames[-1])
                 want = seq + 1
-            return False
+            return None
         finally:
             sock.close(0)
 

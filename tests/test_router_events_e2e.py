@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 from serve_fixtures import Server, free_port
-from test_router_e2e import ENGINE, LONG, complete, router, routed_to
+from test_router_e2e import ENGINE, LONG, complete, routed_to, router
 
 from everybyte.cluster.event_feed import EventFeed
 from everybyte.cluster.request_blocks import RequestBlocks, block_names, load_tokenizer, namespace_from_info

@@ -44,7 +44,8 @@ def build_traffic(workers: int, blocks: int, rng: random.Random) -> tuple[list[l
     return systems, sessions
 
 
-def event_batches(workers: list[str], systems, sessions, rng: random.Random) -> list[tuple[str, bytes, int]]:
+def event_batches(workers: list[str], systems: list[list[bytes]], sessions: list[list[bytes]],
+                  rng: random.Random) -> list[tuple[str, bytes, int]]:
     """(worker, payload, events) as workers would publish them: one BlockStored per request step,
     prefill chunks of up to 32 blocks, decode growth one block at a time, G1->G2 moves."""
     out = []
@@ -95,10 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     ingest_s = time.perf_counter() - t0
     n_blocks = len({h for chain in sessions for h in chain})
 
-    workers = [Worker(w, healthy=True) for w in names]
-    for i, w in enumerate(workers):
-        w.active_blocks = rng.randint(0, 2000)
-        w.in_flight = i % 5
+    workers = [Worker(url, healthy=True) for url in names]
+    for i, wk in enumerate(workers):
+        wk.active_blocks = rng.randint(0, 2000)
+        wk.in_flight = i % 5
     policy = Policy("kv")
     lat, cpu, depths = [], [], []
     for i in range(args.decisions):

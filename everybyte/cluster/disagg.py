@@ -9,6 +9,8 @@ decode worker computes the prompt itself (counted, never lost).
 """
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 
 from everybyte.cluster.routing import NoWorker, Plan, Routing
@@ -28,7 +30,7 @@ class Disaggregation:
         block_size = plan.worker.namespace.block_size if plan.worker.namespace else 16
         return len(plan.tokens) - plan.best_overlap * block_size > self.threshold
 
-    async def prefill(self, plan: Plan, body: dict, headers: dict[str, str]) -> dict | None:
+    async def prefill(self, plan: Plan, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any] | None:
         """Run the prompt on a prefill worker; its kv_transfer_params, or None (recompute on decode)."""
         m = self.routing.metrics
         prefill_body = {"prompt": plan.tokens, "max_tokens": 1, "stream": False,

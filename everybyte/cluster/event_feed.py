@@ -53,7 +53,7 @@ def _name(h: bytes | int) -> bytes:
 class EventFeed:
     def __init__(self, on_batch: BatchCallback, on_reset: Callable[[str], None], replay_timeout_s: float = 1.0):
         self.on_batch, self.on_reset, self.replay_timeout_s = on_batch, on_reset, replay_timeout_s
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._threads: dict[str, tuple[threading.Event, threading.Thread]] = {}
         self.stats = {"batches": 0, "events": 0, "gaps": 0, "resets": 0, "bad": 0}
         self.lag_s: dict[str, float] = {}

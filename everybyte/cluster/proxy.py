@@ -7,7 +7,7 @@ A stream cut in flight ends with an error event and `data: [DONE]`. Every failur
 from __future__ import annotations
 
 import json
-from typing import AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Mapping
 
 import httpx
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -23,7 +23,7 @@ def error(status: int, message: str, type_: str = "server_error", code: str | No
                         status_code=status)
 
 
-def forward_headers(headers) -> dict[str, str]:
+def forward_headers(headers: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() in FORWARD_HEADERS}
 
 
@@ -31,11 +31,11 @@ class Proxy:
     def __init__(self, routing: Routing, client: httpx.AsyncClient):
         self.routing, self.client = routing, client
 
-    async def send(self, path: str, raw: bytes, body: dict | None, headers: dict[str, str],
+    async def send(self, path: str, raw: bytes, body: dict[str, Any] | None, headers: dict[str, str],
                    plan_for: Callable[[set[str]], Plan], stream: bool) -> Response:
         """POST `raw` to the planned worker's `path`; on a failure before the first byte, replan
         without the workers that failed."""
-        m, failed = self.routing.metrics, set()
+        m, failed = self.routing.metrics, set[str]()
         last: Response | None = None
         reason = "every attempt failed"
         for _ in range(MAX_ATTEMPTS):

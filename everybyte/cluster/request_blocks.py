@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -43,7 +44,7 @@ class RequestBlocks:
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
 
-    def prompt_tokens(self, path: str, body: dict) -> list[int] | None:
+    def prompt_tokens(self, path: str, body: dict[str, Any]) -> list[int] | None:
         """The token ids the worker will prefill for this body, or None when it cannot be read."""
         try:
             if path.endswith("/chat/completions"):
@@ -74,6 +75,6 @@ def _salted(ns: KVNamespace, salt: str | None) -> KVNamespace:
     return ns.with_tenant(salt) if salt else ns          # the worker salts only a non-empty salt
 
 
-def namespace_from_info(fields: dict) -> KVNamespace:
+def namespace_from_info(fields: dict[str, Any]) -> KVNamespace:
     """The base namespace a worker states in /v1/kv/info (`KVNamespace(**ns)`)."""
     return KVNamespace(**fields)

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from typing import Any, AsyncIterator
 
 import httpx
 from fastapi import FastAPI, Request
@@ -40,7 +41,7 @@ def create_app(routing: Routing, *, disagg_threshold: int | None = None, request
             await asyncio.sleep(poll_interval_s)
 
     @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI):
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await routing.workers.poll(client)
         task = asyncio.create_task(poll_forever())
         try:
@@ -72,11 +73,11 @@ def create_app(routing: Routing, *, disagg_threshold: int | None = None, request
                                 stream)
 
     @app.post("/v1/completions")
-    async def completions(request: Request):
+    async def completions(request: Request) -> Response:
         return await generate(request, "/v1/completions")
 
     @app.post("/v1/chat/completions")
-    async def chat(request: Request):
+    async def chat(request: Request) -> Response:
         return await generate(request, "/v1/chat/completions")
 
     async def any_worker(request: Request, method: str, path: str) -> Response:
@@ -91,15 +92,15 @@ def create_app(routing: Routing, *, disagg_threshold: int | None = None, request
         return error(503, "no healthy worker answered", code="no_worker")
 
     @app.get("/v1/models")
-    async def models(request: Request):
+    async def models(request: Request) -> Response:
         return await any_worker(request, "GET", "/v1/models")
 
     @app.post("/tokenize")
-    async def tokenize(request: Request):
+    async def tokenize(request: Request) -> Response:
         return await any_worker(request, "POST", "/tokenize")
 
     @app.post("/detokenize")
-    async def detokenize(request: Request):
+    async def detokenize(request: Request) -> Response:
         return await any_worker(request, "POST", "/detokenize")
 
     async def session_call(request: Request, method: str, session_id: str, suffix: str = "") -> Response:
@@ -121,35 +122,35 @@ def create_app(routing: Routing, *, disagg_threshold: int | None = None, request
         return last
 
     @app.post("/v1/sessions/{session_id}/park")
-    async def park(request: Request, session_id: str):
+    async def park(request: Request, session_id: str) -> Response:
         return await session_call(request, "POST", session_id, "/park")
 
     @app.post("/v1/sessions/{session_id}/resume")
-    async def resume(request: Request, session_id: str):
+    async def resume(request: Request, session_id: str) -> Response:
         return await session_call(request, "POST", session_id, "/resume")
 
     @app.get("/v1/sessions/{session_id}")
-    async def session_info(request: Request, session_id: str):
+    async def session_info(request: Request, session_id: str) -> Response:
         return await session_call(request, "GET", session_id)
 
     @app.delete("/v1/sessions/{session_id}")
-    async def drop(request: Request, session_id: str):
+    async def drop(request: Request, session_id: str) -> Response:
         routing.sessions.pop(session_id, None)
         return await session_call(request, "DELETE", session_id)
 
     @app.get("/health")
-    async def health():
+    async def health() -> Response:
         up = [w.url for w in routing.workers.workers.values() if w.healthy]
         return JSONResponse({"status": "ok" if up else "no_workers", "workers": up}, status_code=200 if up else 503)
 
     @app.get("/metrics")
-    async def metrics():
+    async def metrics() -> Response:
         return Response(routing.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app
 
 
-def _json_object(raw: bytes) -> dict | None:
+def _json_object(raw: bytes) -> dict[str, Any] | None:
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError):

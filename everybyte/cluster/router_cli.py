@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import logging
 
+from fastapi import FastAPI
+
 from everybyte.cluster.policy import POLICIES, Policy
 from everybyte.cluster.request_blocks import RequestBlocks, load_tokenizer
 from everybyte.cluster.routing import Routing
@@ -32,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def make_app(args: argparse.Namespace):
+def make_app(args: argparse.Namespace) -> FastAPI:
     from everybyte.cluster.router import create_app
     urls = [u.rstrip("/") for u in args.worker]
     if len(set(urls)) != len(urls):

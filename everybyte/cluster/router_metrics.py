@@ -1,7 +1,7 @@
 """Prometheus metrics of the router, under `everybyte:router_` (vLLM-style names)."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -10,7 +10,7 @@ _DECISION_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.0
 
 
 class RouterMetrics:
-    def __init__(self, snapshot: Callable[[], dict]):
+    def __init__(self, snapshot: Callable[[], dict[str, Any]]):
         self.registry = r = CollectorRegistry()
         self.requests = Counter("everybyte:router_requests", "requests by endpoint and status",
                                 ["endpoint", "status"], registry=r)
@@ -37,10 +37,10 @@ class RouterMetrics:
 class _Snapshot:
     """Per-worker gauges read at scrape time: health, load, in-flight, indexed blocks, event lag."""
 
-    def __init__(self, snapshot: Callable[[], dict]):
+    def __init__(self, snapshot: Callable[[], dict[str, Any]]):
         self.snapshot = snapshot
 
-    def collect(self):
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         s = self.snapshot()
         up = GaugeMetricFamily("everybyte:router_worker_up", "1 when the worker answers its health check",
                                labels=["worker"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import AbstractSet, Any
 
 from everybyte.cluster.approx import ApproxTracker
 from everybyte.cluster.event_feed import EventFeed
@@ -81,7 +82,7 @@ class Routing:
             self.index.add_worker(worker, w.digest)
 
     # ---- decisions --------------------------------------------------------------------------
-    def plan(self, path: str, body: dict | None, session: str | None, exclude: set[str] = frozenset(),  # type: ignore[assignment]
+    def plan(self, path: str, body: dict[str, Any] | None, session: str | None, exclude: AbstractSet[str] = frozenset(),
              roles: tuple[str, ...] = ("both", "decode")) -> Plan:
         t0 = time.perf_counter()
         candidates = [w for w in self.workers.healthy(roles) if w.url not in exclude]
@@ -129,7 +130,7 @@ class Routing:
         while len(self.sessions) > MAX_SESSIONS:
             self.sessions.popitem(last=False)
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> dict[str, Any]:
         workers = {}
         for url, w in self.workers.workers.items():
             load = {k: v for k, v in w.load.items() if isinstance(v, (int, float))}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import httpx
 
@@ -26,7 +26,7 @@ DEFAULT_LOAD_FRACTION = {"G2": 0.05, "G3": 0.2, "G3.5": 0.3}
 class Worker:
     url: str
     healthy: bool = False
-    info: dict | None = None              # the last /v1/kv/info (None: the worker has none)
+    info: dict[str, Any] | None = None              # the last /v1/kv/info (None: the worker has none)
     namespace: KVNamespace | None = None
     in_flight: int = 0                    # requests the router has open there
     active_blocks: int = 0                # their blocks (Dynamo's decode blocks)
@@ -41,11 +41,11 @@ class Worker:
         return (self.info or {}).get("namespace_digest") or ""
 
     @property
-    def events(self) -> dict | None:
+    def events(self) -> dict[str, Any] | None:
         return (self.info or {}).get("kv_events")
 
     @property
-    def load(self) -> dict:
+    def load(self) -> dict[str, Any]:
         return (self.info or {}).get("load") or {}
 
     def queue_depth(self) -> int:

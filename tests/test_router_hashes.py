@@ -60,3 +60,26 @@ def test_unreadable_bodies_give_no_tokens():
     assert blocks.prompt_tokens("/v1/completions", {"prompt": {"x": 1}}) is None
     assert blocks.prompt_tokens("/v1/completions", {"prompt": [1, 2, 3]}) == [1, 2, 3]
     assert blocks.prompt_tokens("/v1/completions", {"prompt": ["ab", "cd"]}) == blocks.tokenizer.encode("ab")
+
+
+def test_plan_salts_by_tenant_and_keeps_to_one_namespace():
+    from everybyte.cluster.policy import Policy
+    from everybyte.cluster.router import _tenant
+    from everybyte.cluster.routing import NoWorker, Routing
+    from everybyte.kv.block_id import KVNamespace
+    from everybyte.serve.guard import tenant_of
+
+    routing = Routing(["http://a", "http://b"], RequestBlocks(load_tokenizer(None)), Policy("round-robin"))
+    for url, digest, fmt in (("http://a", "d1", "nvfp4"), ("http://b", "d2", "fp8")):
+        w = routing.workers.workers[url]
+        w.healthy, w.info, w.namespace = True, {"namespace_digest": digest}, KVNamespace("m", kv_format=fmt)
+    body = {"prompt": "Seventeen words of a prompt that fill at least one block of sixteen tokens. " * 2,
+            "cache_salt": "s"}
+    tenant = _tenant("Bearer key-1")
+    assert tenant == tenant_of("key-1") and _tenant("Basic x") is None and _tenant(None) is None
+    plan = routing.plan("/v1/completions", body, None, tenant=tenant, digest="d2")
+    assert plan.worker.url == "http://b"
+    tokens = routing.blocks.tokenizer.encode(body["prompt"])
+    assert plan.names == block_names(KVNamespace("m", kv_format="fp8"), tokens, f"{tenant}/s")
+    with pytest.raises(NoWorker):
+        routing.plan("/v1/completions", body, None, digest="d3")

@@ -30,7 +30,8 @@ class Disaggregation:
         block_size = plan.worker.namespace.block_size if plan.worker.namespace else 16
         return len(plan.tokens) - plan.best_overlap * block_size > self.threshold
 
-    async def prefill(self, plan: Plan, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any] | None:
+    async def prefill(self, plan: Plan, body: dict[str, Any], headers: dict[str, str],
+                      tenant: str | None = None) -> dict[str, Any] | None:
         """Run the prompt on a prefill worker; its kv_transfer_params, or None (recompute on decode)."""
         m = self.routing.metrics
         prefill_body = {"prompt": plan.tokens, "max_tokens": 1, "stream": False,
@@ -39,7 +40,8 @@ class Disaggregation:
             if body.get(key) is not None:
                 prefill_body[key] = body[key]
         try:
-            pplan = self.routing.plan("/v1/completions", prefill_body, None, roles=("prefill",))
+            pplan = self.routing.plan("/v1/completions", prefill_body, None, roles=("prefill",), tenant=tenant,
+                                      digest=plan.worker.digest)     # never a transfer the decoder would misread
         except NoWorker:
             m.disagg.labels("no_prefill_worker").inc()
             return None

@@ -20,13 +20,14 @@ from fastapi.responses import JSONResponse, Response
 from everybyte.cluster.disagg import Disaggregation
 from everybyte.cluster.proxy import Proxy, error, forward_headers
 from everybyte.cluster.routing import NoWorker, Routing
+from everybyte.serve.guard import tenant_of
 
 log = logging.getLogger("everybyte.router")
 POLL_INTERVAL_S = 1.0
 
 
 def create_app(routing: Routing, *, disagg_threshold: int | None = None, request_timeout_s: float = 600.0,
-               poll_interval_s: float = POLL_INTERVAL_S) -> FastAPI:
+               poll_interval_s: float = POLL_INTERVAL_S, cache_salt_from_api_key: bool = False) -> FastAPI:
     timeout = httpx.Timeout(connect=2.0, read=request_timeout_s, write=30.0, pool=10.0)
     client = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=1024))
     proxy = Proxy(routing, client)
@@ -60,16 +61,20 @@ def create_app(routing: Routing, *, disagg_threshold: int | None = None, request
         session = ((body or {}).get("session_id") if isinstance((body or {}).get("session_id"), str) else None) \
             or request.headers.get("x-session-id")
         headers = forward_headers(request.headers)
+        tenant = _tenant(request.headers.get("authorization")) if cache_salt_from_api_key else None
+        digest = None
         if disagg is not None and body is not None:
             try:
-                first = routing.plan(path, body, session)
+                first = routing.plan(path, body, session, tenant=tenant)
             except NoWorker as e:
                 return error(503, str(e), code="no_worker")
-            if disagg.wanted(first) and (params := await disagg.prefill(first, body, headers)) is not None:
+            if disagg.wanted(first) and (params := await disagg.prefill(first, body, headers, tenant)) is not None:
                 body = {**body, "kv_transfer_params": params}
                 raw = json.dumps(body).encode()
+                digest = first.worker.digest
         stream = bool((body or {}).get("stream"))
-        return await proxy.send(path, raw, body, headers, lambda failed: routing.plan(path, body, session, failed),
+        return await proxy.send(path, raw, body, headers,
+                                lambda failed: routing.plan(path, body, session, failed, tenant=tenant, digest=digest),
                                 stream)
 
     @app.post("/v1/completions")
@@ -148,6 +153,13 @@ def create_app(routing: Routing, *, disagg_threshold: int | None = None, request
         return Response(routing.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app
+
+
+def _tenant(authorization: str | None) -> str | None:
+    """The tenant a worker with --cache-salt-from-api-key derives from this request's key."""
+    if not authorization or authorization[:7].lower() != "bearer ":
+        return None
+    return tenant_of(authorization[7:])
 
 
 def _json_object(raw: bytes) -> dict[str, Any] | None:

@@ -28,6 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a routed prompt's blocks are assumed cached in approximate mode")
     p.add_argument("--disagg-threshold", type=int, default=None, metavar="TOKENS",
                    help="send a request whose uncached prefill exceeds TOKENS to a prefill worker first")
+    p.add_argument("--cache-salt-from-api-key", action="store_true",
+                   help="name blocks per API key, as workers started with the same flag do")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds to wait on a worker's answer")
     p.add_argument("--seed", type=int, default=None, help="seed of the random policy")
     p.add_argument("--log-level", default="info")
@@ -49,7 +51,8 @@ def make_app(args: argparse.Namespace) -> FastAPI:
     routing = Routing(urls, RequestBlocks(load_tokenizer(args.model)),
                       Policy(args.policy, args.overlap_weight, args.seed),
                       events=not args.no_events, approx_ttl_s=args.approx_ttl)
-    return create_app(routing, disagg_threshold=args.disagg_threshold, request_timeout_s=args.request_timeout)
+    return create_app(routing, disagg_threshold=args.disagg_threshold, request_timeout_s=args.request_timeout,
+                      cache_salt_from_api_key=args.cache_salt_from_api_key)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -83,19 +83,25 @@ class Routing:
 
     # ---- decisions --------------------------------------------------------------------------
     def plan(self, path: str, body: dict[str, Any] | None, session: str | None, exclude: AbstractSet[str] = frozenset(),
-             roles: tuple[str, ...] = ("both", "decode")) -> Plan:
+             roles: tuple[str, ...] = ("both", "decode"), tenant: str | None = None, digest: str | None = None) -> Plan:
+        """The worker for this body; `tenant` salts blocks as a worker with --cache-salt-from-api-key
+        does, `digest` keeps to workers of one namespace (a KV transfer's two ends)."""
         t0 = time.perf_counter()
-        candidates = [w for w in self.workers.healthy(roles) if w.url not in exclude]
+        candidates = [w for w in self.workers.healthy(roles)
+                      if w.url not in exclude and (digest is None or w.digest == digest)]
         if not candidates:
             raise NoWorker(f"no healthy worker (role {'/'.join(roles)}) to route to")
         tokens = self.blocks.prompt_tokens(path, body) if body is not None else None
         salt = body.get("cache_salt") if body is not None else None
+        salt = salt if isinstance(salt, str) else None
+        if tenant is not None:
+            salt = tenant if salt is None else f"{tenant}/{salt}"
         names_by_ns: dict[KVNamespace, list[bytes]] = {}
         overlaps: dict[str, Overlap] = {}
         if tokens:
             self.approx.expire()
             for ns in {w.namespace for w in candidates if w.namespace is not None}:
-                names_by_ns[ns] = block_names(ns, tokens, salt if isinstance(salt, str) else None)
+                names_by_ns[ns] = block_names(ns, tokens, salt)
                 group = [w.url for w in candidates if w.namespace == ns]
                 overlaps.update(self.index.overlap(names_by_ns[ns], group))
         block_size = candidates[0].namespace.block_size if candidates[0].namespace else 16

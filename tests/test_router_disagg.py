@@ -105,3 +105,22 @@ def test_short_prompt_and_failed_prefill_stay_aggregated(cluster):
     metrics = httpx.get(r.url + "/metrics").text
     assert 'everybyte:router_disagg_requests_total{outcome="prefill_failed"} 1.0' in metrics
     assert 'everybyte:router_disagg_requests_total{outcome="remote_prefill"} 1.0' in metrics
+
+
+def test_a_worker_answering_5xx_or_429_is_retried_elsewhere():
+    """A worker's 5xx or 429 before any byte is retried on another worker (a fake worker gives the
+    error: a real one cannot be made to fail on cue); other 4xx are the client's answer."""
+    seen_bad, seen_good, fail = [], [], [True]
+    bad = AppThread(fake_worker("both", seen_bad, fail))
+    good = AppThread(fake_worker("both", seen_good, []))
+    routing = Routing([bad.url, good.url], RequestBlocks(load_tokenizer(None)), Policy("round-robin"))
+    r = AppThread(create_app(routing))
+    try:
+        for _ in range(2):
+            assert httpx.post(r.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 1}).status_code == 200
+        assert len(seen_bad) == 2 and len(seen_good) == 2          # round-robin tries it each time
+        assert 'everybyte:router_retries_total{reason="http 500"} 2.0' in httpx.get(r.url + "/metrics").text
+        assert all(w.in_flight == 0 and w.active_blocks == 0 for w in routing.workers.workers.values())
+    finally:
+        for s in (r, bad, good):
+            s.stop()

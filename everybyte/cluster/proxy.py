@@ -1,7 +1,8 @@
 """Forwarding a request to the chosen worker, with retries before the first byte.
 
 A request whose worker fails before answering (connect error, a 5xx, a stream that breaks before
-its first byte) goes to another worker; a worker's 4xx is the client's answer, forwarded as is.
+its first byte) or is full (429) goes to another worker; any other 4xx is the client's answer,
+forwarded as is.
 A stream cut in flight ends with an error event and `data: [DONE]`. Every failure is counted.
 """
 from __future__ import annotations
@@ -53,7 +54,7 @@ class Proxy:
                 self._failed(plan, failed, f"connect: {type(e).__name__}")
                 self.routing.workers.mark_down(plan.worker)
                 continue
-            if resp.status_code >= 500:
+            if resp.status_code >= 500 or resp.status_code == 429:     # broken or full: try another
                 content = await _read(resp)
                 self._failed(plan, failed, f"http {resp.status_code}")
                 last = Response(content, resp.status_code, media_type=resp.headers.get("content-type"))
@@ -62,11 +63,11 @@ class Proxy:
                 try:
                     content = await resp.aread()
                 except httpx.TransportError:
+                    await resp.aclose()
                     self._failed(plan, failed, "read")
                     continue
-                finally:
-                    await resp.aclose()
-                    self.routing.end(plan)
+                await resp.aclose()
+                self.routing.end(plan)
                 m.requests.labels(path, str(resp.status_code)).inc()
                 return Response(content, resp.status_code, media_type=resp.headers.get("content-type"))
             chunks = resp.aiter_raw()

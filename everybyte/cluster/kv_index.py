@@ -134,6 +134,8 @@ class KVIndex:
         ended: list[dict[int, int]] = [{}, {}, {}, {}]
         for i, h in enumerate(block_hashes):
             m1 = g1.get(h, 0)
+            if not alive[3] & ~m1:               # all still matching have it in G1 (the tiers nest): no change
+                continue
             m12 = m1 | g2.get(h, 0)
             m123 = m12 | g3.get(h, 0)
             shared = g35.get(h, 0)

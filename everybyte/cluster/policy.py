@@ -78,17 +78,19 @@ class Policy:
         return self._decision(req, w)
 
     def _kv(self, req: Request, candidates: Sequence[Worker]) -> Decision:
-        costs = [(kv_cost(req, w, self.overlap_weight), i, w) for i, w in enumerate(candidates)]
-        best, _, w = min(costs, key=lambda c: (c[0], c[2].queue_depth(), self._tiebreak(c[1], len(costs))))
-        sticky = next((c for c in costs if c[2].url == req.session_worker), None)
-        if sticky is not None and sticky[0] <= best:          # a session stays unless elsewhere is cheaper
-            best, w = sticky[0], sticky[2]
+        costs = [kv_cost(req, w, self.overlap_weight) for w in candidates]
+        best = min(costs)
+        ties = [i for i, c in enumerate(costs) if c == best]
+        n = len(candidates)
+        # equal costs: the less queued, then rotating, so a cold start spreads instead of piling up
+        i = min(ties, key=lambda i: (candidates[i].queue_depth(), (i - self._next) % n)) if len(ties) > 1 else ties[0]
+        w = candidates[i]
+        if req.session_worker is not None and req.session_worker != w.url:
+            for j, c in enumerate(candidates):              # a session stays unless elsewhere is cheaper
+                if c.url == req.session_worker and costs[j] <= best:
+                    w = c
         self._next += 1
         return Decision(w, best, req.overlaps.get(w.url, Overlap()))
-
-    def _tiebreak(self, i: int, n: int) -> int:
-        """Equal costs rotate, so a cold start spreads instead of piling on the first worker."""
-        return (i - self._next) % n
 
     def _decision(self, req: Request, w: Worker) -> Decision:
         return Decision(w, 0.0, req.overlaps.get(w.url, Overlap()))

@@ -120,3 +120,14 @@ def test_router_imports_without_torch():
     code = ("import sys; sys.modules['torch'] = None; "
             "import everybyte.cluster.router_cli, everybyte.cluster.router, everybyte.cluster.routing")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("args, msg", [(["--worker", "127.0.0.1:8001"], "not an http(s) URL"),
+                                       (["--worker", "http://a", "--worker", "http://a/"], "given twice"),
+                                       (["--worker", "http://a", "--disagg-threshold", "-1"], ">= 0"),
+                                       (["--worker", "http://a", "--approx-ttl", "0"], "> 0"),
+                                       (["--worker", "http://a", "--policy", "fastest"], "invalid choice"),
+                                       ([], "--worker")])
+def test_router_cli_rejects_bad_arguments(args, msg):
+    out = subprocess.run([sys.executable, "-m", "everybyte.cli", "router", *args], capture_output=True, text=True)
+    assert out.returncode != 0 and msg in out.stderr

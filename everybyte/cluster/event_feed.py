@@ -145,4 +145,7 @@ class EventFeed:
         self.stats["batches"] += 1
         self.stats["events"] += len(events)
         self.lag_s[worker] = max(0.0, time.time() - ts)
-        self.on_batch(worker, events, ts)
+        try:
+            self.on_batch(worker, events, ts)
+        except Exception:                         # one bad callback must not end the worker's feed
+            log.exception("applying a KV event batch of %s failed", worker)

@@ -5,8 +5,7 @@ one prefix walk answers for every worker at once: `overlap` follows the request'
 names until no worker has the next one, and for each worker records how deep the prefix reaches in
 G1, in G1+G2, in G1+G2+G3 and with the pod-shared tier (G3.5) added. A G3.5 block stored by one
 worker is reachable by every worker of the same namespace digest (the pod-shared store is keyed
-by content). Pure Python, no torch; one writer thread (the event feed) and readers on the event
-loop are safe because each dict operation is atomic under the GIL.
+by content). Pure Python, no torch; not thread-safe (cluster/routing holds a lock around it).
 """
 from __future__ import annotations
 

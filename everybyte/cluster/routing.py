@@ -6,6 +6,7 @@ a `Plan` and tells it when the request started and ended.
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ class Routing:
     def __init__(self, urls: list[str], blocks: RequestBlocks, policy: Policy, *, events: bool = True,
                  approx_ttl_s: float = 120.0, fallback_namespace: KVNamespace | None = None):
         self.index = KVIndex()
+        self.lock = threading.Lock()          # the event feeds' threads write the index the event loop reads
         self.policy, self.blocks, self.use_events = policy, blocks, events
         self.approx = ApproxTracker(self.index, approx_ttl_s)
         self.feed = EventFeed(self._on_batch, self._on_reset)
@@ -59,27 +61,31 @@ class Routing:
         return self.use_events and bool(w.events)
 
     def _up(self, w: Worker) -> None:
-        self.index.add_worker(w.url, w.digest)
+        with self.lock:
+            self.index.add_worker(w.url, w.digest)
         if self.event_fed(w):
             ev = w.events or {}
             self.feed.start(w.url, ev["endpoint"], ev.get("replay_endpoint"))
 
     def _down(self, w: Worker) -> None:
         self.feed.stop(w.url, timeout=0)
-        self.index.drop_worker(w.url)
-        self.approx.forget(w.url)
+        with self.lock:
+            self.index.drop_worker(w.url)
+            self.approx.forget(w.url)
         self.feed.lag_s.pop(w.url, None)
 
     def _on_batch(self, worker: str, events: list[KVEvent], ts: float) -> None:
         w = self.workers.workers.get(worker)
         if w is not None and w.healthy:
-            self.index.apply(worker, events)
+            with self.lock:
+                self.index.apply(worker, events)
 
     def _on_reset(self, worker: str) -> None:
         w = self.workers.workers.get(worker)
-        self.index.drop_worker(worker)
-        if w is not None and w.healthy:
-            self.index.add_worker(worker, w.digest)
+        with self.lock:
+            self.index.drop_worker(worker)
+            if w is not None and w.healthy:
+                self.index.add_worker(worker, w.digest)
 
     # ---- decisions --------------------------------------------------------------------------
     def plan(self, path: str, body: dict[str, Any] | None, session: str | None, exclude: AbstractSet[str] = frozenset(),
@@ -99,11 +105,13 @@ class Routing:
         names_by_ns: dict[KVNamespace, list[bytes]] = {}
         overlaps: dict[str, Overlap] = {}
         if tokens:
-            self.approx.expire()
+            with self.lock:
+                self.approx.expire()
             for ns in {w.namespace for w in candidates if w.namespace is not None}:
                 names_by_ns[ns] = block_names(ns, tokens, salt)
                 group = [w.url for w in candidates if w.namespace == ns]
-                overlaps.update(self.index.overlap(names_by_ns[ns], group))
+                with self.lock:
+                    overlaps.update(self.index.overlap(names_by_ns[ns], group))
         block_size = candidates[0].namespace.block_size if candidates[0].namespace else 16
         req = Request(len(tokens or ()), block_size, overlaps, self.sessions.get(session) if session else None)
         d: Decision = self.policy.choose(req, candidates)
@@ -122,7 +130,8 @@ class Routing:
             if n:
                 self.metrics.overlap_blocks.labels(tier).inc(n)
         if not self.event_fed(w) and plan.names:
-            self.approx.record(w.url, plan.names, w.namespace.block_size if w.namespace else 16)
+            with self.lock:
+                self.approx.record(w.url, plan.names, w.namespace.block_size if w.namespace else 16)
         if plan.session:
             self.remember_session(plan.session, w.url)
 
@@ -141,7 +150,8 @@ class Routing:
         for url, w in self.workers.workers.items():
             load = {k: v for k, v in w.load.items() if isinstance(v, (int, float))}
             load.update(in_flight=w.in_flight, active_blocks=w.active_blocks)
-            counts = self.index.counts(url)
+            with self.lock:
+                counts = self.index.counts(url)
             workers[url] = {"healthy": w.healthy, "load": load, "event_lag_s": self.feed.lag_s.get(url),
                             "blocks": {t: counts.get(t, 0) for t in TIERS}}
         return {"workers": workers, "events": dict(self.feed.stats)}

@@ -11,6 +11,7 @@ import sys
 COMMANDS = {
     "generate": ("everybyte.engine.generate_cli", "generate text with the engine, streaming to stdout"),
     "serve": ("everybyte.serve.cli", "start the OpenAI-compatible HTTP server"),
+    "router": ("everybyte.cluster.router_cli", "a KV-aware OpenAI-compatible router over serve workers"),
     "convert": ("everybyte.models.convert_cli", "write a model as a Hugging Face directory: [MODEL] --to hf DIR"),
     "quantize": ("everybyte.engine.quantize_cli", "write an NVFP4 (ModelOpt) checkpoint: [MODEL] --to nvfp4 DIR"),
     "cluster": ("everybyte.cluster.cli", "start N serve workers and a router: --workers N [--prefill P --decode D]"),
@@ -27,6 +28,7 @@ BENCHMARKS = {
     "agentic": ("everybyte.bench.agentic", "replay recorded agent sessions against an endpoint or the embedded engine"),
     "memory": ("everybyte.bench.micro.memory", "levers off vs each lever vs all: prefill computed, resumed-turn TTFT, tok/s, G1 ledger"),
     "disk-reader": ("everybyte.bench.micro.disk_reader", "the disk tier's reader (C and Python) vs a plain sequential read"),
+    "router": ("everybyte.bench.router", "router microbenchmark: decision p50/p99 and KV event ingestion at 64 workers, 1M blocks"),
     "compare": ("everybyte.bench.compare", "everybyte's server vs peer servers (bench/peers/) on the same trace"),
     "kv-transfer": ("everybyte.bench.kv_transfer", "disaggregated prefill->decode: bytes and bandwidth per KV format over the connector"),
 }

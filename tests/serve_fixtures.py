@@ -17,10 +17,10 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, *args: str, timeout: float = 180.0):
+    def __init__(self, *args: str, timeout: float = 180.0, command: str = "serve"):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "everybyte.cli", "serve", "--port", str(self.port),
+        cmd = [sys.executable, "-m", "everybyte.cli", command, "--port", str(self.port),
                "--log-level", "warning", *args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         deadline = time.time() + timeout

@@ -1,0 +1,168 @@
+"""The router's KV index: which workers hold which block, in which tier.
+
+Per tier, a dict maps a block name to a bitset (a Python int) of the worker slots that hold it, so
+one prefix walk answers for every worker at once: `overlap` follows the request's chained block
+names until no worker has the next one, and for each worker records how deep the prefix reaches in
+G1, in G1+G2, in G1+G2+G3 and with the pod-shared tier (G3.5) added. A G3.5 block stored by one
+worker is reachable by every worker of the same namespace digest (the pod-shared store is keyed
+by content). Pure Python, no torch; not thread-safe (cluster/routing holds a lock around it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from everybyte.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+
+TIERS = ("G1", "G2", "G3", "G3.5")
+_TIER_INDEX = {t: i for i, t in enumerate(TIERS)}
+_SHARED = _TIER_INDEX["G3.5"]
+
+
+@dataclass
+class Overlap:
+    """Prefix depths in blocks, cumulative by tier: g1 <= g12 <= g123 <= total (G3.5 included)."""
+    g1: int = 0
+    g12: int = 0
+    g123: int = 0
+    total: int = 0
+
+    def by_tier(self) -> dict[str, int]:
+        """Blocks of the prefix each tier serves best: G1 first, then G2, G3, the pod-shared tier."""
+        return {"G1": self.g1, "G2": self.g12 - self.g1, "G3": self.g123 - self.g12, "G3.5": self.total - self.g123}
+
+
+class KVIndex:
+    def __init__(self) -> None:
+        self._holders: list[dict[bytes, int]] = [{} for _ in TIERS]
+        self._slots: dict[str, int] = {}
+        self._free_slots: list[int] = []
+        self._held: dict[str, list[set[bytes]]] = {}          # worker -> per tier, the names it holds
+        self._group_of: dict[str, str] = {}                   # worker -> namespace digest
+        self._group_masks: dict[str, int] = {}                # digest -> bitset of its workers
+        self.events_applied = 0
+
+    # ---- workers ---------------------------------------------------------------------------
+    def add_worker(self, worker: str, namespace_digest: str = "") -> int:
+        if worker not in self._slots:
+            slot = self._free_slots.pop() if self._free_slots else len(self._slots)
+            self._slots[worker] = slot
+            self._held[worker] = [set() for _ in TIERS]
+        old = self._group_of.get(worker)
+        if old != namespace_digest:
+            if old is not None:
+                self._group_masks[old] &= ~self.bit(worker)
+            self._group_of[worker] = namespace_digest
+            self._group_masks[namespace_digest] = self._group_masks.get(namespace_digest, 0) | self.bit(worker)
+        return self._slots[worker]
+
+    def bit(self, worker: str) -> int:
+        return 1 << self._slots[worker]
+
+    @property
+    def workers(self) -> list[str]:
+        return list(self._slots)
+
+    def drop_worker(self, worker: str) -> None:
+        """Forget everything `worker` holds and free its slot (it stopped answering, or resyncs)."""
+        if worker not in self._slots:
+            return
+        for tier in range(len(TIERS)):
+            self._clear(worker, tier)
+        group = self._group_of.pop(worker)
+        self._group_masks[group] &= ~self.bit(worker)
+        if not self._group_masks[group]:
+            del self._group_masks[group]
+        self._free_slots.append(self._slots.pop(worker))
+        del self._held[worker]
+
+    def counts(self, worker: str) -> dict[str, int]:
+        return {t: len(s) for t, s in zip(TIERS, self._held[worker])} if worker in self._held else {}
+
+    # ---- events ----------------------------------------------------------------------------
+    def apply(self, worker: str, events: Iterable[KVEvent]) -> None:
+        """One batch of a worker's events, in order (unknown tiers, e.g. G4, are ignored)."""
+        if worker not in self._slots:
+            self.add_worker(worker)
+        bit, held = self.bit(worker), self._held[worker]
+        for e in events:
+            self.events_applied += 1
+            tier = _TIER_INDEX.get(e.medium or "G1")
+            if tier is None:
+                continue
+            if isinstance(e, BlockStored):
+                d, mine = self._holders[tier], held[tier]
+                for h in e.block_hashes:
+                    d[h] = d.get(h, 0) | bit
+                    mine.add(h)
+            elif isinstance(e, BlockRemoved):
+                self._remove(worker, tier, e.block_hashes)
+            elif isinstance(e, AllBlocksCleared):
+                self._clear(worker, tier)
+
+    def _remove(self, worker: str, tier: int, names: Iterable[bytes]) -> None:
+        d, mine, keep = self._holders[tier], self._held[worker][tier], ~self.bit(worker)
+        for h in names:
+            m = d.get(h)
+            if m is None:
+                continue
+            m &= keep
+            if m:
+                d[h] = m
+            else:
+                del d[h]
+            mine.discard(h)
+
+    def _clear(self, worker: str, tier: int) -> None:
+        mine = self._held[worker][tier]
+        self._remove(worker, tier, list(mine))
+        mine.clear()
+
+    # ---- queries ---------------------------------------------------------------------------
+    def overlap(self, block_hashes: Sequence[bytes], workers: Sequence[str] | None = None) -> dict[str, Overlap]:
+        """Per worker, how deep the request's chained blocks reach in each cumulative tier set."""
+        names = self.workers if workers is None else [w for w in workers if w in self._slots]
+        out = {w: Overlap() for w in names}
+        if not names or not block_hashes:
+            return out
+        everyone = 0
+        for w in names:
+            everyone |= self.bit(w)
+        g1, g2, g3, g35 = self._holders
+        alive = [everyone] * 4                   # still matching: G1, +G2, +G3, +G3.5
+        ended: list[dict[int, int]] = [{}, {}, {}, {}]
+        for i, h in enumerate(block_hashes):
+            m1 = g1.get(h, 0)
+            if not alive[3] & ~m1:               # all still matching have it in G1 (the tiers nest): no change
+                continue
+            m12 = m1 | g2.get(h, 0)
+            m123 = m12 | g3.get(h, 0)
+            shared = g35.get(h, 0)
+            masks = (m1, m12, m123, m123 | self._expand_shared(shared) if shared else m123)
+            for k in range(4):
+                gone = alive[k] & ~masks[k]
+                if gone:
+                    _record(ended[k], gone, i)
+                    alive[k] &= masks[k]
+            if not alive[3]:                     # the tiers nest, so every worker's walk has ended
+                break
+        n = len(block_hashes)
+        for w in names:
+            s = self._slots[w]
+            out[w] = Overlap(*(ended[k].get(s, n) for k in range(4)))
+        return out
+
+    def _expand_shared(self, holders: int) -> int:
+        """Every worker whose namespace matches a worker that put the block in the pod-shared tier."""
+        out = 0
+        for mask in self._group_masks.values():
+            if holders & mask:
+                out |= mask
+        return out
+
+
+def _record(ended: dict[int, int], mask: int, depth: int) -> None:
+    while mask:
+        low = mask & -mask
+        ended[low.bit_length() - 1] = depth
+        mask ^= low

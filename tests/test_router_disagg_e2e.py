@@ -1,0 +1,61 @@
+"""Disaggregated prefill/decode through `everybyte router --disagg-threshold` on real workers
+(`serve --role prefill` and `--role decode`, cluster contract §4). Skipped where serve has no
+--role/--kv-connector and /v1/kv/info yet (the events and connector branches bring them): a long
+prompt is prefilled on the prefill worker and its KV moves to the decode worker (the decode
+worker's remote prefill tokens grow), with the same greedy text as an aggregated worker; a
+short prompt stays on the decode worker alone."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import httpx
+import pytest
+from serve_fixtures import Server
+from test_router_e2e import ENGINE, router
+
+
+def _serve_can_disaggregate() -> bool:
+    out = subprocess.run([sys.executable, "-m", "everybyte.cli", "serve", "--help"], capture_output=True, text=True)
+    return all(flag in out.stdout for flag in ("--role", "--kv-connector", "--kv-events"))
+
+
+pytestmark = pytest.mark.skipif(not _serve_can_disaggregate(), reason="serve cannot disaggregate on this branch")
+PROMPT = "The history of the printing press begins in the fifteenth century, when movable type " * 3
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    prefill, decode = Server(*ENGINE, "--role", "prefill"), Server(*ENGINE, "--role", "decode")
+    r = router("--worker", prefill.url, "--worker", decode.url, "--disagg-threshold", "32")
+    yield r, prefill, decode
+    for s in (r, prefill, decode):
+        s.stop()
+
+
+def _remote_tokens(decode: Server) -> float:
+    try:
+        return decode.metric('everybyte:prefill_tokens_total{source="remote"}')
+    except KeyError:
+        return 0.0
+
+
+def test_long_prompt_is_prefilled_remotely(cluster):
+    r, prefill, decode = cluster
+    body = {"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    before = _remote_tokens(decode)
+    routed = httpx.post(r.url + "/v1/completions", json=body, timeout=120)
+    assert routed.status_code == 200, routed.text
+    assert _remote_tokens(decode) - before >= 32
+    metrics = httpx.get(r.url + "/metrics").text
+    assert 'everybyte:router_disagg_requests_total{outcome="remote_prefill"} 1.0' in metrics
+    assert f'everybyte:router_decisions_total{{policy="kv",worker="{prefill.url}"}}' in metrics
+    local = httpx.post(prefill.url + "/v1/completions", json=body, timeout=120).json()
+    assert routed.json()["choices"][0]["text"] == local["choices"][0]["text"]
+
+
+def test_short_prompt_stays_on_the_decode_worker(cluster):
+    r, _, decode = cluster
+    before = _remote_tokens(decode)
+    resp = httpx.post(r.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=60)
+    assert resp.status_code == 200 and _remote_tokens(decode) == before

@@ -31,6 +31,7 @@ BENCHMARKS = {
     "router": ("everybyte.bench.router", "router microbenchmark: decision p50/p99 and KV event ingestion at 64 workers, 1M blocks"),
     "compare": ("everybyte.bench.compare", "everybyte's server vs peer servers (bench/peers/) on the same trace"),
     "kv-transfer": ("everybyte.bench.kv_transfer", "disaggregated prefill->decode: bytes and bandwidth per KV format over the connector"),
+    "cluster": ("everybyte.bench.cluster", "agent replay through `everybyte cluster`: round-robin vs kv vs kv+disagg"),
 }
 
 

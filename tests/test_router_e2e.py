@@ -155,3 +155,9 @@ def test_dead_worker_is_routed_around_and_a_cut_stream_ends_cleanly():
     finally:
         r.stop()
         live.stop()
+
+
+def test_workers_listing(workers, kv_router):
+    data = httpx.get(kv_router.url + "/v1/workers").json()["data"]
+    assert sorted(d["url"] for d in data) == sorted(w.url for w in workers)
+    assert all(d["healthy"] and d["role"] == "both" and d["namespace_digest"] for d in data)

@@ -148,6 +148,13 @@ def create_app(routing: Routing, *, disagg_threshold: int | None = None, request
         up = [w.url for w in routing.workers.workers.values() if w.healthy]
         return JSONResponse({"status": "ok" if up else "no_workers", "workers": up}, status_code=200 if up else 503)
 
+    @app.get("/v1/workers")
+    async def workers() -> Response:
+        data = [{"url": w.url, "healthy": w.healthy, "role": w.role, "namespace_digest": w.digest,
+                 "in_flight": w.in_flight, "failures": w.failures, "load": w.load}
+                for w in routing.workers.workers.values()]
+        return JSONResponse({"object": "list", "data": data})
+
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(routing.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -1,0 +1,33 @@
+"""`everybyte bench cluster`: its argument checks and the arithmetic of its report (the runs themselves start
+clusters and are a benchmark, not a test)."""
+from everybyte.bench import cluster
+
+
+def test_unknown_policy_and_too_few_workers_are_refused(capsys):
+    assert cluster.main(["--policies", "kv,fastest"]) == 2
+    assert "unknown policy 'fastest'" in capsys.readouterr().err
+    assert cluster.main(["--workers", "1", "--policies", "kv+disagg"]) == 2
+    assert ">= 2 with kv+disagg" in capsys.readouterr().err
+
+
+def test_disagg_command_splits_prefill_and_decode():
+    args = cluster.build_parser().parse_args(["--kv-cache", "8MiB"])
+    cmd = cluster.cluster_command(3, "kv+disagg", 9000, args)
+    assert cmd[cmd.index("--policy") + 1] == "kv"
+    assert cmd[cmd.index("--prefill") + 1] == "1" and cmd[cmd.index("--decode") + 1] == "2"
+    assert "--prefill" not in cluster.cluster_command(3, "round-robin", 9000, args)
+
+
+def test_counters_delta_and_ratios():
+    before = {"prefill_computed": 100.0, "prefill_reused": {"G1": 10.0}, "bytes_moved": {}}
+    after = {"prefill_computed": 400.0, "prefill_reused": {"G1": 50.0, "G2": 8.0}, "bytes_moved": {"G2/load": 64.0}}
+    assert cluster.delta(after, before) == {"prefill_computed": 300.0, "prefill_reused": {"G1": 40.0, "G2": 8.0},
+                                            "bytes_moved": {"G2/load": 64.0}}
+    runs = [{"workers": 2, "policy": "round-robin", "prefill_tokens_computed": 1000, "ttft_p90_s": 2.0, "tpot_p99_s": 0.1},
+            {"workers": 2, "policy": "kv", "prefill_tokens_computed": 400, "ttft_p90_s": 0.5, "tpot_p99_s": 0.2},
+            {"workers": 2, "policy": "kv+disagg", "prefill_tokens_computed": 420, "ttft_p90_s": 0.6, "tpot_p99_s": 0.1}]
+    r = cluster.ratios(runs)["2_workers"]
+    assert r == {"kv_vs_round_robin_prefill_computed": 0.4, "kv_vs_round_robin_ttft_p90": 0.25,
+                 "disagg_vs_kv_tpot_p99": 0.5}
+    turns = [{"ok": True, "tpot_s": t / 100} for t in range(1, 101)] + [{"ok": True, "warmup": True, "tpot_s": 9.0}]
+    assert cluster.tpot_p99(turns) == 1.0

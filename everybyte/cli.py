@@ -13,6 +13,7 @@ COMMANDS = {
     "serve": ("everybyte.serve.cli", "start the OpenAI-compatible HTTP server"),
     "convert": ("everybyte.models.convert_cli", "write a model as a Hugging Face directory: [MODEL] --to hf DIR"),
     "quantize": ("everybyte.engine.quantize_cli", "write an NVFP4 (ModelOpt) checkpoint: [MODEL] --to nvfp4 DIR"),
+    "sim": ("everybyte.sim.cli", "simulate a fleet on the engine's control plane: everybyte sim run|hardware|models"),
     "bench": (None, "run a benchmark: everybyte bench NAME [--json PATH] (see `everybyte bench --help`)"),
 }
 

@@ -53,6 +53,7 @@ class WorkerSpec:
     max_num_batched_tokens: int = 2048
     max_model_len: int = 8192
     offload_on_park: bool = True
+    restart_blocks: int = 1                  # the real engine's exact-tail span in blocks (nvfp4/fp8 KV)
 
 
 class SimWorker:
@@ -65,6 +66,7 @@ class SimWorker:
         self.mover = SimMover(tiers, self.clock, pool.bytes_per_block, transfer_seconds)
         ns = KVNamespace(spec.model_id, kv_format=spec.kv_format, block_size=pool.block_size)
         self.memory = KVMemoryManager(pool, ns, tiers, offload_on_park=spec.offload_on_park, clock=self.clock,
+                                      restart_blocks=spec.restart_blocks,
                                       mover=self.mover)
         self.executor: Executor = executor_for(self.clock)
         sched = Scheduler(self.memory, spec.max_num_seqs, spec.max_num_batched_tokens, spec.max_model_len, self.clock)

@@ -27,6 +27,7 @@ BENCHMARKS = {
     "agentic": ("everybyte.bench.agentic", "replay recorded agent sessions against an endpoint or the embedded engine"),
     "memory": ("everybyte.bench.micro.memory", "levers off vs each lever vs all: prefill computed, resumed-turn TTFT, tok/s, G1 ledger"),
     "disk-reader": ("everybyte.bench.micro.disk_reader", "the disk tier's reader (C and Python) vs a plain sequential read"),
+    "sim-speed": ("everybyte.bench.sim_speed", "simulated requests per wall-second of `everybyte sim run` at 64 workers"),
     "compare": ("everybyte.bench.compare", "everybyte's server vs peer servers (bench/peers/) on the same trace"),
 }
 

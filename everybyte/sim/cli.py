@@ -42,7 +42,7 @@ def config_from(args) -> SimConfig:
                      args.max_num_seqs, args.max_num_batched_tokens, args.step_overhead_us * 1e-6)
 
 
-def _run_parser() -> argparse.ArgumentParser:
+def run_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"{PROG} run", description="replay agent sessions on simulated workers",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_config_args(p)
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         if cmd != "run":
             print(f"{PROG}: unknown command {cmd!r}; choose from run, hardware, models", file=sys.stderr)
             return 2
-        args = _run_parser().parse_args(rest)
+        args = run_parser().parse_args(rest)
         result = run_sim(args, config_from(args))
     except (ValueError, TraceError, OSError) as e:
         print(f"{PROG}: {e}", file=sys.stderr)

@@ -120,3 +120,11 @@ def test_deepseek_r1_fits_an_h200_nvl8():
                                           weights_format="fp8", kv_format="fp8", kv_cache="1GiB"))
     assert info["kv_pool_per_worker"]["bytes_per_token"] == 61 * 576
     assert cost.kv_budget() > 300e9
+
+
+def test_a_run_is_deterministic():
+    a = _run("--workers", "2", "--kv-cache", "8MiB", "--kv-format", "nvfp4", "--trace", TRACE)["summary"]
+    b = _run("--workers", "2", "--kv-cache", "8MiB", "--kv-format", "nvfp4", "--trace", TRACE)["summary"]
+    for key in ("wall_s", "sim_requests_per_wall_s"):
+        a.pop(key), b.pop(key)
+    assert a == b

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from everybyte.formats.sizes import parse_size
+from everybyte.sim.calibration import StepFit
 from everybyte.sim.cost_model import CostModel
 from everybyte.sim.executor import CostExecutor
 from everybyte.sim.hardware import get_hardware
@@ -29,11 +30,12 @@ class SimConfig:
     step_overhead_s: float = 0.0
 
 
-def build(cfg: SimConfig) -> tuple[CostModel, list[SimWorker], dict]:
+def build(cfg: SimConfig, calibration: StepFit | None = None) -> tuple[CostModel, list[SimWorker], dict]:
     if cfg.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {cfg.workers}")
     hw, model = get_hardware(cfg.hardware), get_model(cfg.model)
-    cost = CostModel(hw, model, cfg.weights_format, cfg.kv_format, cfg.gpus_per_worker, cfg.step_overhead_s)
+    cost = CostModel(hw, model, cfg.weights_format, cfg.kv_format, cfg.gpus_per_worker, cfg.step_overhead_s,
+                     calibration)
     room = cost.kv_budget(cfg.memory_utilization)             # also: do the weights fit at all
     budget = room if cfg.kv_cache is None else parse_size(cfg.kv_cache)
     if budget > room:

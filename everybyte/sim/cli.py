@@ -12,6 +12,7 @@ from everybyte.bench.traces.scaling import Scaling
 from everybyte.bench.traces.tokens import TokenSpace
 from everybyte.formats.sizes import KV_CACHE_DTYPES, WEIGHT_FORMATS
 from everybyte.sim.build import SimConfig, build
+from everybyte.sim.calibration import StepFit, StepSample, fit_steps
 from everybyte.sim.hardware import get_hardware, names
 from everybyte.sim.models import BUILTIN, get_model
 from everybyte.sim.runner import ROUTES, RunConfig, Runner
@@ -62,12 +63,36 @@ def run_parser() -> argparse.ArgumentParser:
     r.add_argument("--park-min-gap", type=float, default=0.5)
     r.add_argument("--rate", type=float, default=None, help="sessions/s (default: the recorded arrivals)")
     r.add_argument("--max-requests", type=int, default=None)
+    r.add_argument("--calibration", default=None, help="step times from a `sim calibrate` fit instead of "
+                   "the roofline (steps outside its range are counted)")
     r.add_argument("--json", default=None, help="write the JSON here too")
     return p
 
 
+def calibrate(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog=f"{PROG} calibrate", description="fit the step time to the real engine "
+                                "on this machine (runs it; needs torch)",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default=None, help="the real engine's model (default: the embedded one)")
+    p.add_argument("--prompt-lens", default="16,64,256")
+    p.add_argument("--batches", default="1,4,8")
+    p.add_argument("--max-tokens", type=int, default=6)
+    p.add_argument("--kv-cache-dtype", default="nvfp4")
+    p.add_argument("--out", default="sim-calibration.json", help="where the fit is saved")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    from everybyte.engine.step_profile import profile_steps  # the real engine: imports torch
+    lens, batches = [int(x) for x in args.prompt_lens.split(",")], [int(x) for x in args.batches.split(",")]
+    raw, info = profile_steps(args.model, lens, batches, args.max_tokens, kv_cache_dtype=args.kv_cache_dtype)
+    fit = fit_steps([StepSample(*r) for r in raw], {**info, "machine": "this machine (cpu-this-machine)"})
+    fit.save(args.out)
+    emit({"benchmark": "sim-calibrate", "saved": args.out, "coefficients": fit.coefficients,
+          "residuals": fit.residuals, "samples": fit.samples, "source": fit.source}, args.json)
+    return 0
+
+
 def run_sim(args, cfg: SimConfig) -> dict:
-    cost, workers, info = build(cfg)
+    cost, workers, info = build(cfg, StepFit.load(args.calibration) if args.calibration else None)
     trace = load_trace(args.trace, skip_bad=args.skip_bad, fmt=args.trace_format)
     if args.max_sessions:
         trace.sessions = trace.sessions[:args.max_sessions]
@@ -81,6 +106,8 @@ def run_sim(args, cfg: SimConfig) -> dict:
                               max_requests=args.max_requests, rate=args.rate),
                     ROUTES[args.route](len(workers)), cost.weight_bytes())
     summary = runner.run()
+    if cost.calibration is not None:
+        summary["steps_outside_calibrated_range"] = cost.outside_range
     return {"benchmark": "sim", "summary": summary,
             "assumptions": {**info, "trace": {"path": args.trace, **trace.describe()},
                             "scaling": scaling.describe(), "route": args.route, "park": not args.no_park,
@@ -91,7 +118,7 @@ def run_sim(args, cfg: SimConfig) -> dict:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     usage = (f"usage: {PROG} COMMAND [args]\n\ncommands:\n  run          replay agent sessions on simulated "
-             f"workers\n  hardware     the hardware catalog with its sources [NAME]\n  models       the model "
+             f"workers\n  calibrate    fit step times to the real engine on this machine\n  hardware     the hardware catalog with its sources [NAME]\n  models       the model "
              f"catalog [NAME|PATH]")
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
@@ -107,8 +134,10 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps([{f: m.describe(f, "bf16" if f == "bf16" else f) for f in ("bf16", "fp8", "nvfp4")}
                               for m in models], indent=1))
             return 0
+        if cmd == "calibrate":
+            return calibrate(rest)
         if cmd != "run":
-            print(f"{PROG}: unknown command {cmd!r}; choose from run, hardware, models", file=sys.stderr)
+            print(f"{PROG}: unknown command {cmd!r}; choose from run, calibrate, hardware, models", file=sys.stderr)
             return 2
         args = run_parser().parse_args(rest)
         result = run_sim(args, config_from(args))

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from everybyte.sim.calibration import StepFit
 from everybyte.sim.hardware import Hardware
 from everybyte.sim.models import ModelShape
 
@@ -25,7 +26,9 @@ class TierLink:
 
 class CostModel:
     def __init__(self, hw: Hardware, model: ModelShape, weights_format: str = "bf16", kv_format: str = "bf16",
-                 gpus: int = 1, step_overhead_s: float = 0.0):
+                 gpus: int = 1, step_overhead_s: float = 0.0, calibration: StepFit | None = None):
+        """calibration: a step-time fit to the real engine (sim.calibration) used instead of the
+        roofline; steps outside the shapes it was fitted on are counted (outside_range)."""
         if gpus < 1:
             raise ValueError(f"gpus per worker must be >= 1, got {gpus}")
         self.hw, self.model, self.gpus = hw, model, gpus
@@ -34,6 +37,10 @@ class CostModel:
         self.peak_flops *= gpus
         self.hbm_bw = hw.need("hbm_bytes_per_s") * gpus
         self.step_overhead_s = step_overhead_s
+        self.calibration, self.outside_range = calibration, 0
+        rng = calibration.range() if calibration else {}
+        self._limits: list[tuple[str, int, int]] = [(key, rng[key][0], rng[key][1])
+                                                     for key in ("tokens", "attended", "seqs") if key in rng]
         parts = model.weight_bytes(weights_format)
         self.expert_bytes = parts["expert"]
         self.fixed_weight_bytes = sum(v for k, v in parts.items() if k not in ("expert", "routed_experts"))
@@ -90,6 +97,11 @@ class CostModel:
             c = s.num_computed_tokens
             tokens += n
             attended += n * c + n * (n + 1) // 2          # token i of the chunk sees c + i + 1 positions
+        if self.calibration is not None:
+            shape = {"tokens": tokens, "attended": attended, "seqs": len(seqs)}
+            if any(not lo <= shape[key] <= hi for key, lo, hi in self._limits):
+                self.outside_range += 1
+            return self.calibration.seconds(tokens, attended, len(seqs))
         return self.step_seconds(tokens, attended)
 
     # ---- tiers --------------------------------------------------------------------------------
@@ -106,6 +118,10 @@ class CostModel:
                 "weights_format": self.weights_format, "kv_format": self.kv_format,
                 "weight_bytes": self.weight_bytes(), "kv_bytes_per_token": self.kv_token_bytes,
                 "step_overhead_s": self.step_overhead_s,
+                "step_time": "calibrated fit (sim calibrate)" if self.calibration else "roofline",
+                "calibration": None if self.calibration is None else {
+                    "coefficients": self.calibration.coefficients, "residuals": self.calibration.residuals,
+                    "samples": self.calibration.samples, "source": self.calibration.source},
                 "tiers": {k: {"bytes_per_s": v.bytes_per_s, "latency_s": v.latency_s} for k, v in self.tiers.items()},
                 "assumptions": [
                     "roofline per step: max(FLOPs / peak, bytes / HBM bandwidth) + a fixed overhead",
@@ -114,4 +130,5 @@ class CostModel:
                     "a worker of g GPUs scales FLOP/s and bandwidth by g: no communication cost",
                     "a weights format without a FLOP/s figure computes at the next wider format's",
                     "tier latency 0 where no latency is sourced",
-                    "not calibrated against the real engine (sim calibrate is not built yet)"]}
+                    "calibrated step times replace the roofline only with --calibration; outside the "
+                    "fitted shapes they extrapolate (counted in the run's summary)"]}

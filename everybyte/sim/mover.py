@@ -1,7 +1,8 @@
 """The simulator's KV mover (the KVMover protocol of kv/mover.py): a load of named blocks from
 the tiers finishes when the virtual clock passes latency + bytes / bandwidth of the tier each
-block is found in (sim.cost_model); a store costs nothing on the step (write-back runs beside
-compute). No byte moves: a stored block is its name. `horizon` bounds how far wait() may move the
+block is found in (sim.cost_model), and the tier set observes that bandwidth, as it does the real
+loader's, to weigh loading against recomputing; a store costs nothing on the step (write-back
+runs beside compute). No byte moves: a stored block is its name. `horizon` bounds how far wait() may move the
 clock (the runner's next event), so a wait never jumps over an arrival."""
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ class SimMover:
         self.jobs: list[LoadJob] = []
         self.inflight: dict[bytes, tuple[LoadJob, int]] = {}
         self._levels: dict[LoadJob, list[str]] = {}
+        self._reads: dict[LoadJob, list[tuple]] = {}
         self.horizon = float("inf")
         self.stored = self.loaded = 0
         self.waited = 0.0
@@ -35,13 +37,15 @@ class SimMover:
 
     def start(self, names, blocks, owner=None, prestage=False) -> LoadJob:
         found = self.tiers.locate(list(names))
-        cost, per_level = 0.0, {}
+        per_tier: dict = {}
         for tier in found:
-            per_level[tier.level] = per_level.get(tier.level, 0) + 1
-        for level, n in per_level.items():
-            cost += self.transfer_seconds(level, n * self.nbytes)
-        job = LoadJob(list(names), list(blocks), owner, prestage, self.clock.monotonic() + cost)
+            per_tier[tier] = per_tier.get(tier, 0) + 1
+        reads = [(tier, n * self.nbytes, self.transfer_seconds(tier.level, n * self.nbytes))
+                 for tier, n in per_tier.items()]
+        job = LoadJob(list(names), list(blocks), owner, prestage,
+                      self.clock.monotonic() + sum(seconds for *_, seconds in reads))
         self._levels[job] = [t.level for t in found]     # where each leading block comes from
+        self._reads[job] = reads
         for i, n in enumerate(job.names):
             self.inflight.setdefault(n, (job, i))
         self.jobs.append(job)
@@ -63,6 +67,8 @@ class SimMover:
         now = self.clock.monotonic()
         done = [j for j in self.jobs if j.deadline <= now]
         for job in done:
+            for tier, nbytes, seconds in self._reads.pop(job):
+                self.tiers.observe(tier, nbytes, seconds)  # the bandwidth load-vs-recompute weighs
             for name, level in zip(job.names, self._levels.pop(job)):
                 if not any(t.contains(name) for t in self.tiers.tiers):
                     break                                 # dropped from its tier meanwhile: a miss

@@ -15,6 +15,7 @@ COMMANDS = {
     "convert": ("everybyte.models.convert_cli", "write a model as a Hugging Face directory: [MODEL] --to hf DIR"),
     "quantize": ("everybyte.engine.quantize_cli", "write an NVFP4 (ModelOpt) checkpoint: [MODEL] --to nvfp4 DIR"),
     "cluster": ("everybyte.cluster.cli", "start N serve workers and a router: --workers N [--prefill P --decode D]"),
+    "sim": ("everybyte.sim.cli", "simulate a fleet on the engine's control plane: everybyte sim run|hardware|models"),
     "bench": (None, "run a benchmark: everybyte bench NAME [--json PATH] (see `everybyte bench --help`)"),
 }
 
@@ -29,6 +30,7 @@ BENCHMARKS = {
     "memory": ("everybyte.bench.micro.memory", "levers off vs each lever vs all: prefill computed, resumed-turn TTFT, tok/s, G1 ledger"),
     "disk-reader": ("everybyte.bench.micro.disk_reader", "the disk tier's reader (C and Python) vs a plain sequential read"),
     "router": ("everybyte.bench.router", "router microbenchmark: decision p50/p99 and KV event ingestion at 64 workers, 1M blocks"),
+    "sim-speed": ("everybyte.bench.sim_speed", "simulated requests per wall-second of `everybyte sim run` at 64 workers"),
     "compare": ("everybyte.bench.compare", "everybyte's server vs peer servers (bench/peers/) on the same trace"),
     "kv-transfer": ("everybyte.bench.kv_transfer", "disaggregated prefill->decode: bytes and bandwidth per KV format over the connector"),
     "cluster": ("everybyte.bench.cluster", "agent replay through `everybyte cluster`: round-robin vs kv vs kv+disagg"),

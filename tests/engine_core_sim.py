@@ -1,142 +1,29 @@
-"""Drives EngineCore with no torch importable (sys.modules["torch"] = None): a fake executor
-whose forward costs virtual time, a simulated KV mover that moves names instead of bytes, and a
-name-only host tier. Run as a script by tests/test_engine_core.py; prints a JSON report."""
+"""Drives EngineCore with no torch importable (sys.modules["torch"] = None) through the simulator's
+parts (everybyte.sim): an executor whose forward costs virtual time, the simulated KV mover that
+moves names instead of bytes, and a name-only host tier. Run as a script by
+tests/test_engine_core.py; prints a JSON report."""
 import json
 import sys
 
 sys.modules["torch"] = None                 # any `import torch` below raises ImportError
 
-from everybyte.engine.core import EngineCore, StepResult  # noqa: E402
 from everybyte.engine.sampling_params import SamplingParams  # noqa: E402
-from everybyte.engine.scheduler import Scheduler  # noqa: E402
 from everybyte.engine.sequence import Sequence  # noqa: E402
-from everybyte.kv.block_id import KVNamespace  # noqa: E402
-from everybyte.kv.clock import VirtualClock  # noqa: E402
-from everybyte.kv.memory_manager import KVMemoryManager  # noqa: E402
-from everybyte.kv.mover import LoadJob  # noqa: E402
-from everybyte.kv.tier_movement import TierSet  # noqa: E402
-from everybyte.kv.tiers.base import TierBackend  # noqa: E402
+from everybyte.sim.executor import CostExecutor  # noqa: E402
+from everybyte.sim.worker import SimPool, SimWorker, WorkerSpec  # noqa: E402
 
 BLOCK, BYTES_PER_TOKEN = 4, 100
 
 
-class Geometry:
-    num_blocks, block_size, bytes_per_token = 24, BLOCK, BYTES_PER_TOKEN
-    bytes_per_block = BLOCK * BYTES_PER_TOKEN
-    budget_bytes = nbytes = num_blocks * bytes_per_block
-
-
-class NameTier(TierBackend):
-    """A host tier that holds what the mover stored (names), nothing else."""
-    kind = "host"
-
-    def __init__(self):
-        super().__init__(1 << 30, "G2")
-        self.held: dict[bytes, object] = {}
-
-    def put(self, name, data):
-        self.held[name] = data
-        return True
-
-    def get(self, name):
-        return self.held.get(name)
-
-    def contains(self, name):
-        return name in self.held
-
-    def delete(self, name):
-        return self.held.pop(name, None) is not None
-
-    @property
-    def used_bytes(self):
-        return len(self.held) * Geometry.bytes_per_block
-
-
-class Done:
-    def done(self):
-        return True
-
-
-class SimMover:
-    """Loads finish when the virtual clock passes bytes / bandwidth; no byte moves."""
-    nbytes = Geometry.bytes_per_block
-
-    def __init__(self, tiers: TierSet, clock: VirtualClock, bandwidth: float = 1e6):
-        self.tiers, self.clock, self.bandwidth = tiers, clock, bandwidth
-        self.jobs: list[LoadJob] = []
-        self.inflight: dict = {}
-        self.stored = self.loaded = 0
-        self.waited = 0.0
-
-    def store(self, block_ids, names, pin_memory=False):
-        self.stored += len(names)
-        return list(names)
-
-    def start(self, names, blocks, owner=None, prestage=False):
-        ready = self.clock.monotonic() + len(names) * self.nbytes / self.bandwidth
-        job = LoadJob(list(names), list(blocks), owner, prestage, ready)
-        for i, n in enumerate(job.names):
-            self.inflight.setdefault(n, (job, i))
-        self.jobs.append(job)
-        return job
-
-    def in_flight(self, names):
-        out = []
-        for n in names:
-            if n not in self.inflight:
-                break
-            out.append(self.inflight[n])
-        return out
-
-    def finished(self):
-        now, out = self.clock.monotonic(), []
-        for job in [j for j in self.jobs if j.deadline <= now]:
-            for i, name in enumerate(job.names):
-                if not any(t.contains(name) for t in self.tiers.tiers):
-                    break
-                job.loaded.append("G2")
-            job.finished, job.future = True, Done()
-            self.jobs.remove(job)
-            self.loaded += len(job.loaded)
-            for n in job.names:
-                if self.inflight.get(n, (None,))[0] is job:
-                    del self.inflight[n]
-            out.append(job)
-        return out
-
-    def wait(self, timeout):
-        if not self.jobs:
-            return False
-        dt = max(min(min(j.deadline for j in self.jobs) - self.clock.monotonic(), timeout), 0.0)
-        self.clock.advance(dt)
-        self.waited += dt
-        return True
-
-
-class FakeExecutor:
-    """Each step costs 1 ms + 0.1 ms per token computed; the token sampled is (position % 50) + 1."""
-    def __init__(self, clock: VirtualClock):
-        self.clock, self.steps, self.released, self.seconds = clock, 0, [], 0.0
-
-    def execute(self, seqs, num_new_tokens):
-        cost = 1e-3 + 1e-4 * sum(num_new_tokens)
-        self.clock.advance(cost)
-        self.steps, self.seconds = self.steps + 1, self.seconds + cost
-        rows = [i for i, (s, n) in enumerate(zip(seqs, num_new_tokens)) if s.num_computed_tokens + n == len(s)]
-        return StepResult(rows, [len(seqs[i]) % 50 + 1 for i in rows], [None] * len(rows), cost)
-
-    def release(self, request_id):
-        self.released.append(request_id)
-
-
 def main():
-    clock = VirtualClock()
-    tiers = TierSet([NameTier()])
-    mover = SimMover(tiers, clock)
-    bm = KVMemoryManager(Geometry(), KVNamespace("sim-model", block_size=BLOCK), tiers, clock=clock, mover=mover)
-    ex = FakeExecutor(clock)
-    core = EngineCore(Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=32, max_model_len=64, clock=clock),
-                      ex, clock, eos_token_ids=[999])
+    # each step costs 1 ms + 0.1 ms per token computed; the token sampled is (position % 50) + 1;
+    # a tier load costs bytes / 1 MB/s
+    spec = WorkerSpec(SimPool(24, BLOCK, BYTES_PER_TOKEN), model_id="sim-model", kv_format="fp16",
+                      host_tier_bytes=1 << 30, max_num_seqs=4, max_num_batched_tokens=32, max_model_len=64)
+    w = SimWorker(0, spec, lambda clock: CostExecutor(clock, lambda seqs, n: 1e-3 + 1e-4 * sum(n),
+                                                      token=lambda pos: pos % 50 + 1, record_releases=True),
+                  lambda level, nbytes: nbytes / 1e6, eos=[999])
+    clock, mover, bm, ex, core = w.clock, w.mover, w.memory, w.executor, w.core
     t0 = clock.monotonic()
     prompt = list(range(100, 120))                  # 20 tokens: 5 blocks
     p = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
@@ -165,7 +52,7 @@ def main():
         "aborted_finish": aborted.finish_reason if aborted else None,
         "others_finish": [o.finish_reason for o in others], "others_len": [len(o.token_ids) for o in others],
         "released": ex.released, "requests_left": len(core.requests),
-        "elapsed": clock.monotonic() - t0, "executor_s": ex.seconds, "load_wait_s": mover.waited,
+        "elapsed": clock.monotonic() - t0, "executor_s": ex.busy_s, "load_wait_s": mover.waited,
         "steps": ex.steps, "mover_stored": mover.stored,
         "mover_loaded": mover.loaded, "g1": mem["g1"], "prefill": mem["prefill_tokens"],
         "hit_tokens": mem["prefix_cache"]["hit_tokens"], "prestaged": mem["blocks"]["prestaged"],

@@ -39,8 +39,11 @@ def test_stored_removed_cleared():
 
 CONTROL_PLANE = ["everybyte.kv.block_id", "everybyte.kv.prefix_cache", "everybyte.kv.eviction",
                  "everybyte.kv.sessions", "everybyte.kv.ledger", "everybyte.kv.events", "everybyte.kv.clock",
-                 "everybyte.kv.mover", "everybyte.kv.connector", "everybyte.kv.block_manager", "everybyte.engine.scheduler",
-                 "everybyte.engine.core"]   # pyproject [tool.mypy] files
+                 "everybyte.kv.mover", "everybyte.kv.connector", "everybyte.kv.block_manager",
+                 "everybyte.engine.scheduler", "everybyte.engine.core", "everybyte.formats.sizes",
+                 "everybyte.sim.hardware", "everybyte.sim.cost_model", "everybyte.sim.models",
+                 "everybyte.sim.calibration"]
+# = pyproject [tool.mypy] files: the strictly typed, torch-free modules
 
 
 def test_control_plane_imports_without_torch():

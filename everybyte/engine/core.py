@@ -73,6 +73,9 @@ class EngineCore:
         self.max_model_len = max_model_len or scheduler.max_model_len
         self.requests: dict[str, CoreRequest] = {}
         self.on_finish: Callable[[Sequence], None] | None = None    # e.g. publish its KV (engine/kv_transfer)
+        # called once per step with the scheduling decision and what the executor did (None when
+        # nothing ran): the simulator's decision-equivalence check records both engines with it
+        self.observers: list[Callable[[SchedulerOutput, StepResult | None], None]] = []
 
     # ---- requests -------------------------------------------------------------------------
     def add(self, seq: Sequence, stop: StopChecker | None = None) -> str:
@@ -107,8 +110,12 @@ class EngineCore:
             bm.wait_loads(self.LOAD_WAIT_S)
             sched = self.scheduler.schedule()
         if not sched.seqs:
+            for observe in self.observers:
+                observe(sched, None)
             return []
         res = self.executor.execute(sched.seqs, sched.num_new_tokens)
+        for observe in self.observers:
+            observe(sched, res)
         self._account_prefill(sched, res.seconds)
         for seq, n in zip(sched.seqs, sched.num_new_tokens):
             seq.num_computed_tokens += n

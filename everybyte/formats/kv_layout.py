@@ -15,8 +15,7 @@ import torch
 
 from everybyte.formats import cpu_kernels, fp8, nvfp4
 from everybyte.formats.nvfp4_kv import divisors, quantize_blocks_best_scale
-
-KV_CACHE_DTYPES = ("fp32", "fp16", "bf16", "fp8", "nvfp4")
+from everybyte.formats.sizes import KV_CACHE_DTYPES, kv_token_bytes
 
 FP8_MAX = 448.0
 NVFP4_MAX = 6.0 * 448.0
@@ -46,9 +45,9 @@ class KVFormat(ABC):
     lossy: bool = False
 
     def bytes_per_token(self, num_kv_heads: int, head_dim: int) -> int:
-        """Bytes for K *or* V of one token in one layer."""
-        return sum(math.prod(shape) * dtype.itemsize
-                   for shape, dtype in self._fields(num_kv_heads, head_dim).values())
+        """Bytes for K *or* V of one token in one layer (formats.sizes: the torch-free arithmetic
+        the simulator shares; test_kv_layout checks it against what allocate() makes)."""
+        return kv_token_bytes(self.name, num_kv_heads, head_dim)
 
     def scale_for_amax(self, amax: float) -> float:
         return 1.0

@@ -18,6 +18,7 @@ from everybyte.formats import cpu_kernels
 from everybyte.formats.nvfp4 import AMAX_TO_SCALE
 from everybyte.formats.nvfp4_blocks import BLOCK, dequantize_blocks
 from everybyte.formats.nvfp4_kv import divisors, quantize_blocks_best_scale
+from everybyte.formats.sizes import weight_matrix_bytes
 
 # amax/6 alone is the standard scale; the search adds four steps down to amax/4 (see README,
 # "Weights", for what each choice measured on SmolLM2-135M).
@@ -39,7 +40,7 @@ class PackedPart:
 
     @property
     def nbytes(self) -> int:
-        return self.data.numel() + self.scales.numel() + 4
+        return weight_matrix_bytes("nvfp4", self.rows, self.data.shape[1] * 2)
 
     def dequantize(self, dtype: torch.dtype = torch.float32, out: torch.Tensor | None = None) -> torch.Tensor:
         return dequantize_blocks(self.data, self.scales, self.global_scale, dtype, out=out)

@@ -10,7 +10,6 @@ a BlockManager[S] hands back the sequences it was given as S.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 
@@ -25,19 +24,13 @@ class SeqLike(Protocol):
 S = TypeVar("S", bound=SeqLike)
 
 
-@dataclass
-class Block:
-    block_id: int
-    ref_count: int = 0
-
-
 class BlockManager(Generic[S]):
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.ref_counts = [0] * num_blocks        # ints, not objects: a simulated pool has millions
         self.free_block_ids: deque[int] = deque(range(num_blocks))
 
     @property
@@ -52,15 +45,14 @@ class BlockManager(Generic[S]):
         return -(-num_tokens // self.block_size)
 
     def _take(self) -> int:
-        block = self.blocks[self.free_block_ids.popleft()]
-        assert block.ref_count == 0
-        block.ref_count = 1
-        return block.block_id
+        block_id = self.free_block_ids.popleft()
+        assert self.ref_counts[block_id] == 0
+        self.ref_counts[block_id] = 1
+        return block_id
 
     def _release(self, block_id: int) -> None:
-        block = self.blocks[block_id]
-        block.ref_count -= 1
-        if block.ref_count == 0:
+        self.ref_counts[block_id] -= 1
+        if self.ref_counts[block_id] == 0:
             self.free_block_ids.append(block_id)
 
     def can_allocate(self, seq: S) -> bool:

@@ -290,8 +290,12 @@ class PrefixCache:
         return [(b, self._cached_name(b)) for b in blocks]
 
     def unpark(self, session_id: Hashable) -> list[tuple[int, bytes]]:
-        """The session is back; its blocks return to ordinary order. Returns its device blocks."""
-        self.parked.pop(session_id, None)
+        """The session is back; its blocks return to ordinary order. Returns the device blocks it
+        moved back: none when the session was not parked (then none of its blocks is parked on
+        its account, and every admission of a session's turn calls this)."""
+        if session_id not in self.parked:
+            return []
+        del self.parked[session_id]
         blocks = self._session_order(session_id)
         for b in blocks:
             self._reclass(b)

@@ -11,43 +11,19 @@ it. So moving a batch of blocks to or from a tier is one copy per field, not one
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 import torch
 
 from everybyte.formats.kv_layout import KV_CACHE_DTYPES, get_kv_format
-
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_size(size: int | str) -> int:
-    """'64MiB', '1GiB', '500MB', '1.5GB', '4096' or an int -> bytes."""
-    if isinstance(size, int):
-        value = size
-    else:
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(size))
-        unit = m.group(2).lower() if m else None
-        if unit not in _UNITS:
-            raise ValueError(f"cannot parse size {size!r}; use bytes or a unit like 64MiB, 1GiB, 500MB")
-        value = int(float(m.group(1)) * _UNITS[unit])
-    if value <= 0:
-        raise ValueError(f"size must be > 0 bytes, got {size!r}")
-    return value
-
-
-def format_size(n: int) -> str:
-    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= div:
-            return f"{n / div:.2f} {unit}"
-    return f"{n} B"
+from everybyte.formats.sizes import format_size, parse_size  # noqa: F401 (re-exported)
+from everybyte.formats.sizes import kv_bytes_per_token as kv_bytes_per_token_of
 
 
 def bytes_per_token(layer_shapes: list[tuple[int, int]], kv_cache_dtype: str) -> int:
-    """KV bytes of one token across all layers, K and V."""
-    fmt = get_kv_format(kv_cache_dtype)
-    return sum(2 * fmt.bytes_per_token(h, d) for h, d in layer_shapes)
+    """KV bytes of one token across all layers, K and V (formats.sizes, shared with the simulator)."""
+    get_kv_format(kv_cache_dtype)                     # an unknown name is the formats' error
+    return kv_bytes_per_token_of(layer_shapes, kv_cache_dtype)
 
 
 def kv_bytes_per_token(layer_shapes: list[tuple[int, int]]) -> dict[str, int]:

@@ -1,0 +1,58 @@
+"""From a configuration (hardware, model, formats, workers, budgets) to the cost model and the
+simulated workers; shared by `everybyte sim run` and `everybyte bench sim-speed`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from everybyte.formats.sizes import parse_size
+from everybyte.sim.calibration import StepFit
+from everybyte.sim.cost_model import CostModel
+from everybyte.sim.executor import CostExecutor
+from everybyte.sim.hardware import get_hardware
+from everybyte.sim.models import get_model
+from everybyte.sim.worker import SimPool, SimWorker, WorkerSpec
+
+
+@dataclass
+class SimConfig:
+    hardware: str = "H200"
+    model: str = "smollm2"
+    workers: int = 1
+    gpus_per_worker: int = 1
+    weights_format: str = "bf16"
+    kv_format: str = "bf16"
+    kv_cache: str | None = None              # per worker; None: what the device holds after the weights
+    memory_utilization: float = 0.9
+    host_tier: str | None = None             # G2 bytes per worker; None: no G2
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    step_overhead_s: float = 0.0
+
+
+def build(cfg: SimConfig, calibration: StepFit | None = None) -> tuple[CostModel, list[SimWorker], dict]:
+    if cfg.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {cfg.workers}")
+    hw, model = get_hardware(cfg.hardware), get_model(cfg.model)
+    cost = CostModel(hw, model, cfg.weights_format, cfg.kv_format, cfg.gpus_per_worker, cfg.step_overhead_s,
+                     calibration)
+    room = cost.kv_budget(cfg.memory_utilization)             # also: do the weights fit at all
+    budget = room if cfg.kv_cache is None else parse_size(cfg.kv_cache)
+    if budget > room:
+        raise ValueError(f"--kv-cache {cfg.kv_cache} is more than the {room} bytes left after the weights")
+    pool = SimPool.from_budget(budget, cfg.block_size, cost.kv_token_bytes)
+    host = parse_size(cfg.host_tier) if cfg.host_tier else 0
+    if host:
+        cost.transfer_seconds("G2", 1)                         # the hardware must have a host link
+    spec = WorkerSpec(pool, model_id=model.name, kv_format=cfg.kv_format, host_tier_bytes=host,
+                      max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
+                      max_model_len=model.max_len)
+    workers = [SimWorker(i, spec, lambda clock: CostExecutor(clock, cost.batch_seconds), cost.transfer_seconds)
+               for i in range(cfg.workers)]
+    info = {"cost_model": cost.describe(), "model": model.describe(cfg.weights_format, cfg.kv_format),
+            "hardware": hw.describe(), "workers": cfg.workers,
+            "kv_pool_per_worker": {"budget_bytes": pool.budget_bytes, "num_blocks": pool.num_blocks,
+                                   "block_size": pool.block_size, "bytes_per_token": pool.bytes_per_token},
+            "host_tier_bytes_per_worker": host, "max_num_seqs": cfg.max_num_seqs,
+            "max_num_batched_tokens": cfg.max_num_batched_tokens}
+    return cost, workers, info

@@ -1,0 +1,80 @@
+"""A step-time model fitted to the real engine (issue #20 item 4, first part): least squares of
+measured step seconds on the batch shape, seconds = a + b * tokens + c * attended + d * seqs
+(tokens computed, the context they attend to, sequences in the batch), with its residuals.
+`everybyte sim calibrate` measures the samples (engine/step_profile) and saves the fit;
+`sim run --calibration FILE` steps on it instead of the roofline. No torch here."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+TERMS = ("overhead_s", "per_token_s", "per_attended_s", "per_seq_s")
+
+
+@dataclass
+class StepSample:
+    tokens: int
+    attended: int
+    seqs: int
+    seconds: float
+
+
+@dataclass
+class StepFit:
+    coefficients: dict[str, float]
+    residuals: dict[str, float]                 # relative error |fit - measured| / measured
+    samples: int
+    source: dict[str, Any] = field(default_factory=dict)
+
+    def seconds(self, tokens: int, attended: int, seqs: int) -> float:
+        c = self.coefficients
+        t = c["overhead_s"] + c["per_token_s"] * tokens + c["per_attended_s"] * attended + c["per_seq_s"] * seqs
+        return max(t, 0.0)
+
+    def range(self) -> dict[str, list[int]]:
+        rng: dict[str, list[int]] = self.source.get("range", {})
+        return rng
+
+    def save(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(asdict(self), f, indent=1)
+
+    @classmethod
+    def load(cls, path: str) -> "StepFit":
+        try:
+            with open(path) as f:
+                d = json.load(f)
+            fit = cls(d["coefficients"], d["residuals"], d["samples"], d.get("source", {}))
+        except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"{path}: not a calibration file written by `everybyte sim calibrate`: {e}") from None
+        if set(fit.coefficients) != set(TERMS):
+            raise ValueError(f"{path}: calibration coefficients must be {', '.join(TERMS)}")
+        return fit
+
+
+def fit_steps(samples: list[StepSample], source: dict[str, Any] | None = None) -> StepFit:
+    """Least squares (non-negative terms: a negative one is dropped and the rest refitted)."""
+    import numpy as np
+    if len(samples) < len(TERMS):
+        raise ValueError(f"need at least {len(TERMS)} step samples to fit, got {len(samples)}")
+    x = np.array([[1.0, s.tokens, s.attended, s.seqs] for s in samples])
+    y = np.array([s.seconds for s in samples])
+    keep = list(range(len(TERMS)))
+    while True:
+        coef, *_ = np.linalg.lstsq(x[:, keep], y, rcond=None)
+        if (coef >= 0).all() or len(keep) == 1:
+            break
+        keep.pop(int(np.argmin(coef)))
+    full = dict.fromkeys(TERMS, 0.0)
+    for i, c in zip(keep, coef):
+        full[TERMS[i]] = float(max(c, 0.0))
+    fit = StepFit(full, {}, len(samples), dict(source or {}))
+    rel = sorted(abs(fit.seconds(s.tokens, s.attended, s.seqs) - s.seconds) / s.seconds for s in samples if s.seconds > 0)
+    fit.residuals = {"p50": rel[len(rel) // 2], "p90": rel[int(0.9 * (len(rel) - 1))], "max": rel[-1]} if rel else {}
+    fit.source.setdefault("fitted_at", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    fit.source["range"] = {"tokens": [min(s.tokens for s in samples), max(s.tokens for s in samples)],
+                           "attended": [min(s.attended for s in samples), max(s.attended for s in samples)],
+                           "seqs": [min(s.seqs for s in samples), max(s.seqs for s in samples)]}
+    return fit

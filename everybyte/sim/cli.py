@@ -1,0 +1,148 @@
+"""`everybyte sim run|hardware|models`: replay agent sessions on simulated workers (the engine's own
+control plane on a virtual clock and a hardware cost model); print the catalog."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from everybyte.bench.report import emit
+from everybyte.bench.traces import FORMATS, TraceError, load_trace
+from everybyte.bench.traces.scaling import Scaling
+from everybyte.bench.traces.tokens import TokenSpace
+from everybyte.formats.sizes import KV_CACHE_DTYPES, WEIGHT_FORMATS
+from everybyte.sim.build import SimConfig, build
+from everybyte.sim.calibration import StepFit, StepSample, fit_steps
+from everybyte.sim.hardware import get_hardware, names
+from everybyte.sim.models import BUILTIN, get_model
+from everybyte.sim.runner import ROUTES, RunConfig, Runner
+
+PROG = "everybyte sim"
+
+
+def add_config_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("machine and model")
+    g.add_argument("--hardware", default="H200", help=f"one of {', '.join(names())}")
+    g.add_argument("--model", default="smollm2", help=f"{', '.join(BUILTIN)}, or a config.json / HF directory")
+    g.add_argument("--workers", type=int, default=1, help="engine instances")
+    g.add_argument("--gpus-per-worker", type=int, default=1)
+    g.add_argument("--weights-format", choices=WEIGHT_FORMATS, default="bf16")
+    g.add_argument("--kv-format", choices=KV_CACHE_DTYPES, default="bf16")
+    g.add_argument("--kv-cache", default=None, help="KV bytes per worker (default: the device after the weights)")
+    g.add_argument("--memory-utilization", type=float, default=0.9)
+    g.add_argument("--host-tier", default=None, help="G2 host tier bytes per worker, e.g. 64GiB (default none)")
+    g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--max-num-seqs", type=int, default=256)
+    g.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    g.add_argument("--step-overhead-us", type=float, default=0.0, help="fixed cost per step (not calibrated)")
+
+
+def config_from(args) -> SimConfig:
+    return SimConfig(args.hardware, args.model, args.workers, args.gpus_per_worker, args.weights_format,
+                     args.kv_format, args.kv_cache, args.memory_utilization, args.host_tier, args.block_size,
+                     args.max_num_seqs, args.max_num_batched_tokens, args.step_overhead_us * 1e-6)
+
+
+def run_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"{PROG} run", description="replay agent sessions on simulated workers",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_config_args(p)
+    t = p.add_argument_group("trace (the importers and scaling of `bench agentic`)")
+    t.add_argument("--trace", default="synthetic", help="session .json file or directory, Mooncake .jsonl, "
+                   "Azure .csv, or synthetic[:sessions=8,...]")
+    t.add_argument("--trace-format", choices=FORMATS, default=None)
+    t.add_argument("--skip-bad", action="store_true")
+    t.add_argument("--max-sessions", type=int, default=None)
+    for flag, kind in (("--token-scale", float), ("--output-scale", float), ("--max-context", int),
+                       ("--max-output", int), ("--gap-scale", float), ("--max-gap", float), ("--arrival-scale", float)):
+        t.add_argument(flag, type=kind, default=None)
+    t.add_argument("--vocab-range", default="1000,30000")
+    r = p.add_argument_group("replay")
+    r.add_argument("--route", choices=list(ROUTES), default="sticky")
+    r.add_argument("--no-park", action="store_true", help="do not park sessions during tool gaps")
+    r.add_argument("--park-min-gap", type=float, default=0.5)
+    r.add_argument("--rate", type=float, default=None, help="sessions/s (default: the recorded arrivals)")
+    r.add_argument("--max-requests", type=int, default=None)
+    r.add_argument("--calibration", default=None, help="step times from a `sim calibrate` fit instead of "
+                   "the roofline (steps outside its range are counted)")
+    r.add_argument("--json", default=None, help="write the JSON here too")
+    return p
+
+
+def calibrate(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog=f"{PROG} calibrate", description="fit the step time to the real engine "
+                                "on this machine (runs it; needs torch)",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default=None, help="the real engine's model (default: the embedded one)")
+    p.add_argument("--prompt-lens", default="16,64,256")
+    p.add_argument("--batches", default="1,4,8")
+    p.add_argument("--max-tokens", type=int, default=6)
+    p.add_argument("--kv-cache-dtype", default="nvfp4")
+    p.add_argument("--out", default="sim-calibration.json", help="where the fit is saved")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    from everybyte.engine.step_profile import profile_steps  # the real engine: imports torch
+    lens, batches = [int(x) for x in args.prompt_lens.split(",")], [int(x) for x in args.batches.split(",")]
+    raw, info = profile_steps(args.model, lens, batches, args.max_tokens, kv_cache_dtype=args.kv_cache_dtype)
+    fit = fit_steps([StepSample(*r) for r in raw], {**info, "machine": "this machine (cpu-this-machine)"})
+    fit.save(args.out)
+    emit({"benchmark": "sim-calibrate", "saved": args.out, "coefficients": fit.coefficients,
+          "residuals": fit.residuals, "samples": fit.samples, "source": fit.source}, args.json)
+    return 0
+
+
+def run_sim(args, cfg: SimConfig) -> dict:
+    cost, workers, info = build(cfg, StepFit.load(args.calibration) if args.calibration else None)
+    trace = load_trace(args.trace, skip_bad=args.skip_bad, fmt=args.trace_format)
+    if args.max_sessions:
+        trace.sessions = trace.sessions[:args.max_sessions]
+    scaling = Scaling.defaults(trace.format, cost.model.max_len, token_scale=args.token_scale,
+                               output_scale=args.output_scale, max_context=args.max_context,
+                               max_output=args.max_output, gap_scale=args.gap_scale, max_gap_s=args.max_gap,
+                               arrival_scale=args.arrival_scale)
+    low, high = (int(x) for x in args.vocab_range.split(","))
+    runner = Runner(trace, scaling, TokenSpace(low, high), workers,
+                    RunConfig(park=not args.no_park, park_min_gap_s=args.park_min_gap,
+                              max_requests=args.max_requests, rate=args.rate),
+                    ROUTES[args.route](len(workers)), cost.weight_bytes())
+    summary = runner.run()
+    if cost.calibration is not None:
+        summary["steps_outside_calibrated_range"] = cost.outside_range
+    return {"benchmark": "sim", "summary": summary,
+            "assumptions": {**info, "trace": {"path": args.trace, **trace.describe()},
+                            "scaling": scaling.describe(), "route": args.route, "park": not args.no_park,
+                            "park_min_gap_s": args.park_min_gap,
+                            "arrivals": f"{args.rate} sessions/s" if args.rate else "recorded x arrival_scale"}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    usage = (f"usage: {PROG} COMMAND [args]\n\ncommands:\n  run          replay agent sessions on simulated "
+             f"workers\n  calibrate    fit step times to the real engine on this machine\n  hardware     the hardware catalog with its sources [NAME]\n  models       the model "
+             f"catalog [NAME|PATH]")
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage)
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    try:
+        if cmd == "hardware":
+            hws = [get_hardware(rest[0])] if rest else [get_hardware(n) for n in names()]
+            print(json.dumps([h.describe() for h in hws], indent=1))
+            return 0
+        if cmd == "models":
+            models = [get_model(rest[0])] if rest else [get_model(n) for n in BUILTIN]
+            print(json.dumps([{f: m.describe(f, "bf16" if f == "bf16" else f) for f in ("bf16", "fp8", "nvfp4")}
+                              for m in models], indent=1))
+            return 0
+        if cmd == "calibrate":
+            return calibrate(rest)
+        if cmd != "run":
+            print(f"{PROG}: unknown command {cmd!r}; choose from run, calibrate, hardware, models", file=sys.stderr)
+            return 2
+        args = run_parser().parse_args(rest)
+        result = run_sim(args, config_from(args))
+    except (ValueError, TraceError, OSError) as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 2
+    emit(result, args.json)
+    return 0

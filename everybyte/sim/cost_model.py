@@ -1,0 +1,134 @@
+"""What a step and a tier transfer cost on the catalog's hardware: a roofline.
+
+step time = max(FLOPs / peak FLOP/s of the compute format, bytes / HBM bandwidth) + overhead, where
+FLOPs = 2 x active parameters x tokens computed + attention over each token's context, and bytes =
+the weights read once per step (for MoE only the experts the batch's tokens reach, in expectation)
++ every computed token's KV context read + the new tokens' KV written. A worker of g GPUs divides
+both by g (ideal tensor/expert parallelism: no communication cost yet). A tier transfer costs
+latency + bytes / bandwidth. The fit that replaces these assumptions with measured ones is
+`sim calibrate` (not built yet); every assumption is listed by describe().
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from everybyte.sim.calibration import StepFit
+from everybyte.sim.hardware import Hardware
+from everybyte.sim.models import ModelShape
+
+
+@dataclass
+class TierLink:
+    bytes_per_s: float
+    latency_s: float = 0.0
+
+
+class CostModel:
+    def __init__(self, hw: Hardware, model: ModelShape, weights_format: str = "bf16", kv_format: str = "bf16",
+                 gpus: int = 1, step_overhead_s: float = 0.0, calibration: StepFit | None = None):
+        """calibration: a step-time fit to the real engine (sim.calibration) used instead of the
+        roofline; steps outside the shapes it was fitted on are counted (outside_range)."""
+        if gpus < 1:
+            raise ValueError(f"gpus per worker must be >= 1, got {gpus}")
+        self.hw, self.model, self.gpus = hw, model, gpus
+        self.weights_format, self.kv_format = weights_format, kv_format
+        self.peak_flops, self.compute_format = hw.flops(weights_format if weights_format != "bf16" else "fp16")
+        self.peak_flops *= gpus
+        self.hbm_bw = hw.need("hbm_bytes_per_s") * gpus
+        self.step_overhead_s = step_overhead_s
+        self.calibration, self.outside_range = calibration, 0
+        rng = calibration.range() if calibration else {}
+        self._limits: list[tuple[str, int, int]] = [(key, rng[key][0], rng[key][1])
+                                                     for key in ("tokens", "attended", "seqs") if key in rng]
+        parts = model.weight_bytes(weights_format)
+        self.expert_bytes = parts["expert"]
+        self.fixed_weight_bytes = sum(v for k, v in parts.items() if k not in ("expert", "routed_experts"))
+        self.kv_token_bytes = model.kv_bytes_per_token(kv_format)
+        self.flops_per_token = 2 * model.active_params()
+        self.attn_flops_per_ctx = 2 * model.layers * model.heads * (model.qk_dim + model.v_dim)
+        self.tiers: dict[str, TierLink] = {}
+        if (host := hw.get("host_bytes_per_s")) is not None:
+            self.tiers["G2"] = TierLink(host * gpus)
+        self._touched: dict[int, float] = {}
+
+    # ---- memory -------------------------------------------------------------------------------
+    def weight_bytes(self) -> int:
+        return self.model.total_weight_bytes(self.weights_format)
+
+    def device_bytes(self) -> int:
+        return int(self.hw.need("hbm_bytes") * self.gpus)
+
+    def kv_budget(self, utilization: float = 0.9) -> int:
+        """Device bytes left for KV after the weights at `utilization` of memory; an error saying
+        how many bytes are missing when the weights do not fit."""
+        usable, weights = int(self.device_bytes() * utilization), self.weight_bytes()
+        if weights >= usable:
+            raise ValueError(
+                f"{self.model.name} in {self.weights_format} needs {weights} bytes of weights; {self.gpus} x "
+                f"{self.hw.name} at {utilization:g} memory utilization holds {usable}: {weights - usable} bytes "
+                f"missing (more --gpus-per-worker, a smaller --weights-format, or higher utilization)")
+        return usable - weights
+
+    # ---- steps --------------------------------------------------------------------------------
+    def _experts_touched(self, tokens: int) -> float:
+        """Expected distinct routed experts per MoE layer that `tokens` tokens reach (uniform top-k)."""
+        m = self.model
+        got = self._touched.get(tokens)
+        if got is None:
+            got = self._touched[tokens] = m.experts * (1.0 - (1.0 - m.experts_per_token / m.experts) ** tokens)
+        return got
+
+    def step_seconds(self, tokens: int, attended: int) -> float:
+        """tokens: computed this step (prefill chunks + one per decoding sequence); attended: sum over
+        them of the context each attends to (its position + 1)."""
+        if tokens <= 0:
+            return 0.0
+        weights = float(self.fixed_weight_bytes)
+        if self.model.moe_layers:
+            weights += self.model.moe_layers * self._experts_touched(tokens) * self.expert_bytes
+        nbytes = weights + (attended + tokens) * self.kv_token_bytes
+        flops = tokens * self.flops_per_token + attended * self.attn_flops_per_ctx
+        return max(flops / self.peak_flops, nbytes / self.hbm_bw) + self.step_overhead_s
+
+    def batch_seconds(self, seqs: Sequence[Any], num_new_tokens: Sequence[int]) -> float:
+        tokens = attended = 0
+        for s, n in zip(seqs, num_new_tokens):
+            c = s.num_computed_tokens
+            tokens += n
+            attended += n * c + n * (n + 1) // 2          # token i of the chunk sees c + i + 1 positions
+        if self.calibration is not None:
+            shape = {"tokens": tokens, "attended": attended, "seqs": len(seqs)}
+            if any(not lo <= shape[key] <= hi for key, lo, hi in self._limits):
+                self.outside_range += 1
+            return self.calibration.seconds(tokens, attended, len(seqs))
+        return self.step_seconds(tokens, attended)
+
+    # ---- tiers --------------------------------------------------------------------------------
+    def transfer_seconds(self, level: str, nbytes: int) -> float:
+        link = self.tiers.get(level)
+        if link is None:
+            raise ValueError(f"hardware {self.hw.name!r} has no sourced bandwidth for tier {level}; "
+                             f"tiers it has: {', '.join(self.tiers) or 'none'}")
+        return link.latency_s + nbytes / link.bytes_per_s
+
+    def describe(self) -> dict[str, Any]:
+        return {"hardware": self.hw.name, "gpus_per_worker": self.gpus, "compute_format": self.compute_format,
+                "peak_flops": self.peak_flops, "hbm_bytes_per_s": self.hbm_bw,
+                "weights_format": self.weights_format, "kv_format": self.kv_format,
+                "weight_bytes": self.weight_bytes(), "kv_bytes_per_token": self.kv_token_bytes,
+                "step_overhead_s": self.step_overhead_s,
+                "step_time": "calibrated fit (sim calibrate)" if self.calibration else "roofline",
+                "calibration": None if self.calibration is None else {
+                    "coefficients": self.calibration.coefficients, "residuals": self.calibration.residuals,
+                    "samples": self.calibration.samples, "source": self.calibration.source},
+                "tiers": {k: {"bytes_per_s": v.bytes_per_s, "latency_s": v.latency_s} for k, v in self.tiers.items()},
+                "assumptions": [
+                    "roofline per step: max(FLOPs / peak, bytes / HBM bandwidth) + a fixed overhead",
+                    "weights read once per step; MoE: expected distinct experts reached by the batch (uniform top-k)",
+                    "every computed token reads its whole KV context; new KV written once",
+                    "a worker of g GPUs scales FLOP/s and bandwidth by g: no communication cost",
+                    "a weights format without a FLOP/s figure computes at the next wider format's",
+                    "tier latency 0 where no latency is sourced",
+                    "calibrated step times replace the roofline only with --calibration; outside the "
+                    "fitted shapes they extrapolate (counted in the run's summary)"]}

@@ -1,0 +1,71 @@
+"""Simulated executors for EngineCore: a step advances the worker's virtual clock by what it
+costs and yields deterministic placeholder tokens (the real tokens do not matter to scheduling;
+output lengths come from max_tokens + ignore_eos). RecordedExecutor replays a real run's step
+times and tokens instead (the decision-equivalence test)."""
+from __future__ import annotations
+
+from typing import Callable
+
+from everybyte.engine.core import StepResult
+from everybyte.kv.clock import VirtualClock
+
+TOKEN_LOW, TOKEN_SPAN = 1000, 29000
+
+
+def placeholder_token(position: int) -> int:
+    """The token sampled at `position` (the sequence's length): the same for every request, so equal
+    prompts stay equal with their outputs and keep sharing prefix blocks."""
+    return TOKEN_LOW + (position * 2654435761) % TOKEN_SPAN
+
+
+class CostExecutor:
+    def __init__(self, clock: VirtualClock, batch_seconds: Callable[[list, list[int]], float],
+                 token: Callable[[int], int] = placeholder_token, record_releases: bool = False):
+        self.clock, self.batch_seconds, self.token = clock, batch_seconds, token
+        self.steps, self.busy_s, self.tokens = 0, 0.0, 0
+        self.released: list[str] | None = [] if record_releases else None
+
+    def execute(self, seqs, num_new_tokens) -> StepResult:
+        cost = self.batch_seconds(seqs, num_new_tokens)
+        self.clock.advance(cost)
+        self.steps += 1
+        self.busy_s += cost
+        rows, toks = [], []
+        for i, (s, n) in enumerate(zip(seqs, num_new_tokens)):
+            if s.num_computed_tokens + n == len(s.token_ids):
+                rows.append(i)
+                toks.append(self.token(len(s.token_ids)))
+        self.tokens += sum(num_new_tokens)
+        return StepResult(rows, toks, [None] * len(rows), cost)
+
+    def release(self, request_id: str) -> None:
+        if self.released is not None:
+            self.released.append(request_id)
+
+
+class RecordedExecutor:
+    """Step k takes the k-th recorded duration; a request's i-th sampled token is the i-th token the
+    real engine gave it. Raises if the simulated batch samples for a request the real one did not."""
+
+    def __init__(self, clock: VirtualClock, step_seconds: list[float], tokens: dict[str, list[int]]):
+        self.clock, self.step_seconds, self.tokens = clock, list(step_seconds), tokens
+        self.steps = 0
+        self.given: dict[str, int] = {}
+
+    def execute(self, seqs, num_new_tokens) -> StepResult:
+        if self.steps >= len(self.step_seconds):
+            raise RuntimeError(f"the simulated engine took more steps than the real one ({len(self.step_seconds)})")
+        cost = self.step_seconds[self.steps]
+        self.steps += 1
+        self.clock.advance(cost)
+        rows, toks = [], []
+        for i, (s, n) in enumerate(zip(seqs, num_new_tokens)):
+            if s.num_computed_tokens + n == len(s.token_ids):
+                k = self.given.get(s.request_id, 0)
+                rows.append(i)
+                toks.append(self.tokens[s.request_id][k])
+                self.given[s.request_id] = k + 1
+        return StepResult(rows, toks, [None] * len(rows), cost)
+
+    def release(self, request_id: str) -> None:
+        pass

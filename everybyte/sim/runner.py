@@ -1,0 +1,215 @@
+"""The event-driven replay: agent sessions from a trace (the importers, scaling and token rules of
+`bench agentic`) on N simulated workers that share one virtual timeline.
+
+Events are (time, kind): a session's turn arriving (after its scaled tool gap; the session was
+parked during the gap and is resumed now, as the bench does with --park) and a worker's next
+step. Each worker steps on its own virtual clock, which never runs ahead of the event being
+handled; when a worker has nothing to compute until a load or an arrival, no step is taken and
+time jumps to that event. route(request) -> worker index chooses the worker for each turn.
+"""
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from everybyte.bench.traces.model import Session, Trace
+from everybyte.bench.traces.scaling import Scaling
+from everybyte.bench.traces.tokens import SessionPrompts, TokenSpace
+from everybyte.engine.sampling_params import SamplingParams
+from everybyte.engine.sequence import Sequence
+from everybyte.sim.metrics import TurnRecord, summarize
+from everybyte.sim.worker import SimWorker
+
+ARRIVE, STEP = 0, 1
+
+
+@dataclass
+class SimRequest:
+    session_id: str          # the agent (or sub-agent) session the turn belongs to
+    base_session: str        # the trace session
+    turn: int
+    prompt: list[int]
+    max_tokens: int
+    arrival: float
+
+
+@dataclass
+class SessionState:
+    session: Session
+    prompts: SessionPrompts
+    base: str
+    next_turn: int = 0
+    outputs: dict[int, list[int]] = field(default_factory=dict)
+    last_use: dict[int, int] = field(default_factory=dict)
+    parked: tuple[str, int] | None = None        # (session id, worker) parked during the gap
+
+
+class RoundRobin:
+    def __init__(self, n: int):
+        self.n, self.i = n, -1
+
+    def __call__(self, req: SimRequest) -> int:
+        self.i = (self.i + 1) % self.n
+        return self.i
+
+
+class SessionSticky:
+    """A session's turns go where its first turn went (round-robin over first turns)."""
+
+    def __init__(self, n: int):
+        self.first, self.where = RoundRobin(n), {}
+
+    def __call__(self, req: SimRequest) -> int:
+        w = self.where.get(req.base_session)
+        if w is None:
+            w = self.where[req.base_session] = self.first(req)
+        return w
+
+
+ROUTES = {"sticky": SessionSticky, "round-robin": RoundRobin}
+
+
+@dataclass
+class RunConfig:
+    park: bool = True
+    park_min_gap_s: float = 0.5
+    max_requests: int | None = None
+    rate: float | None = None                  # sessions/s; None: the recorded arrivals x arrival_scale
+    run_marker: str = "sim"
+
+
+class Runner:
+    def __init__(self, trace: Trace, scaling: Scaling, space: TokenSpace, workers: list[SimWorker],
+                 cfg: RunConfig, route: Callable[[SimRequest], int] | None = None, weights_bytes: int = 0):
+        self.trace, self.scaling, self.space, self.workers, self.cfg = trace, scaling, space, workers, cfg
+        self.route = route or SessionSticky(len(workers))
+        self.weights_bytes = weights_bytes
+        self.events: list[tuple[float, int, int, object]] = []
+        self.n_events = 0
+        self.now = 0.0
+        self.sent = 0
+        self.turns: list[TurnRecord] = []
+        self.skipped: dict[str, int] = {}
+        self.rejected: list[str] = []
+        self.live: dict[str, tuple[SessionState, int, int]] = {}      # request id -> (state, turn, worker)
+
+    # ---- events ---------------------------------------------------------------------------------
+    def _push(self, t: float, kind: int, what: object) -> None:
+        self.n_events += 1
+        heapq.heappush(self.events, (t, self.n_events, kind, what))
+
+    def _wake(self, w: SimWorker, t: float) -> None:
+        if not w.scheduled:
+            w.scheduled = True
+            self._push(max(t, w.clock.now), STEP, w)
+
+    def run(self) -> dict:
+        t_arrival = 0.0
+        for i, s in enumerate(self.trace.sessions):
+            if self.cfg.rate:
+                t_arrival = i / self.cfg.rate
+            else:
+                t_arrival = s.arrival_s * self.scaling.arrival_scale
+            prompts = SessionPrompts(s, self.scaling, self.space, self.cfg.run_marker, self.trace.name)
+            st = SessionState(s, prompts, s.id)
+            st.last_use = {t.parent: k for k, t in enumerate(s.turns) if t.parent is not None}
+            self._push(t_arrival, ARRIVE, st)
+        wall0 = time.perf_counter()
+        while self.events:
+            t, _, kind, what = heapq.heappop(self.events)
+            self.now = t
+            if kind == ARRIVE:
+                self._arrive(what)                                  # type: ignore[arg-type]
+            else:
+                self._step(what)                                    # type: ignore[arg-type]
+        wall = time.perf_counter() - wall0
+        stuck = sum(len(w.core.requests) for w in self.workers)
+        return summarize(self.turns, self.workers, wall, self.n_events, self.skipped, self.rejected, stuck,
+                         self.weights_bytes)
+
+    # ---- a turn arrives ---------------------------------------------------------------------------
+    def _skip(self, why: str, n: int) -> None:
+        self.skipped[why] = self.skipped.get(why, 0) + n
+
+    def _arrive(self, st: SessionState) -> None:
+        s, k = st.session, st.next_turn
+        left = len(s.turns) - k
+        if self.cfg.max_requests is not None and self.sent >= self.cfg.max_requests:
+            self._skip("stopped_by_bound", left)
+            return
+        turn = s.turns[k]
+        sid = st.base if turn.agent == 0 else f"{st.base}.sub{turn.agent}"
+        if st.parked is not None:
+            psid, pw = st.parked
+            st.parked = None
+            self.workers[pw].core.resume(psid)
+        ids = st.prompts.prompt(k, st.outputs)
+        n_out = self.scaling.output_len(turn)
+        if len(ids) + n_out > self.scaling.max_context:
+            self._skip("over_max_context", left)
+            return
+        req = SimRequest(sid, st.base, k, ids, n_out, self.now)
+        wi = self.route(req)
+        w = self.workers[wi]
+        if w.clock.now < self.now:
+            w.clock.advance(self.now - w.clock.now)
+        seq = Sequence(ids, SamplingParams(temperature=0.0, max_tokens=n_out, ignore_eos=True),
+                       f"{st.base}-t{k}", None, arrival_time=self.now)
+        seq.session_id = sid
+        try:
+            w.core.add(seq)
+        except ValueError as e:
+            self.rejected.append(f"{seq.request_id}: {e}")
+            self._skip("rejected", left)
+            return
+        self.sent += 1
+        self.live[seq.request_id] = (st, k, wi)
+        self._wake(w, self.now)
+
+    # ---- a worker steps ---------------------------------------------------------------------------
+    def _step(self, w: SimWorker) -> None:
+        w.scheduled = False
+        if w.clock.now < self.now:
+            w.clock.advance(self.now - w.clock.now)
+        w.mover.horizon = self.events[0][0] if self.events else float("inf")
+        before = w.clock.now
+        for out in w.core.step():
+            if out.finished:
+                self._finished(out, w)
+        if not (w.core.has_unfinished_requests() or w.mover.jobs):
+            return
+        if w.clock.now > before:
+            self._wake(w, w.clock.now)
+        elif w.mover.jobs:
+            self._wake(w, max(w.mover.next_deadline() or w.clock.now, w.clock.now))
+        # else: waiting requests that cannot be admitted until something on this worker changes
+
+    def _finished(self, out, w: SimWorker) -> None:
+        st, k, wi = self.live.pop(out.request_id)
+        m = out.metrics
+        self.turns.append(TurnRecord(st.base, k, len(out.prompt_token_ids), len(out.token_ids),
+                                     out.num_cached_tokens, m.arrival_time, m.first_token_time or m.finished_time,
+                                     m.finished_time, m.num_preemptions, wi))
+        done = [j for j, last in st.last_use.items() if last == k]
+        if k in st.last_use:
+            st.outputs[k] = out.token_ids          # a later turn builds on this one's output
+        else:
+            done.append(k)
+        for j in done:
+            st.prompts.forget(j)
+            st.outputs.pop(j, None)
+        s = st.session
+        st.next_turn = k + 1
+        if st.next_turn >= len(s.turns):
+            return
+        gap = self.scaling.gap(s.turns[st.next_turn])
+        sid = out.session_id
+        if self.cfg.park and sid is not None and gap >= self.cfg.park_min_gap_s:
+            try:
+                w.core.park(sid, expected_gap_s=gap)
+                st.parked = (sid, wi)
+            except (KeyError, ValueError):
+                pass
+        self._push(w.clock.now + gap, ARRIVE, st)

@@ -1,0 +1,66 @@
+"""Name-only tiers for the simulator: a tier holds the names of the blocks stored in it (and a
+byte count per block), never their bytes; full, it drops its least recently used names and hands
+them to the tier below, as the real host and disk tiers do. Synchronous: the virtual clock, not a
+thread pool, says when a transfer is done (sim.mover)."""
+from __future__ import annotations
+
+from collections import OrderedDict
+from concurrent.futures import Future
+
+from everybyte.kv.tiers.base import TierBackend
+
+
+def _done(value=None) -> Future:
+    f: Future = Future()
+    f.set_result(value)
+    return f
+
+
+class NameTier(TierBackend):
+    def __init__(self, capacity_bytes: int, level: str, block_bytes: int, kind: str = "host"):
+        super().__init__(capacity_bytes, level)
+        self.kind, self.block_bytes = kind, block_bytes
+        self.held: OrderedDict[bytes, object] = OrderedDict()
+
+    def put(self, name, data) -> bool:
+        if name in self.held:
+            self.held.move_to_end(name)
+            return True
+        if self.block_bytes > self.capacity_bytes:
+            return False
+        self.held[name] = data
+        self.stats.add("puts")
+        over = len(self.held) * self.block_bytes - self.capacity_bytes
+        if over > 0:
+            n = -(-over // self.block_bytes)
+            gone = [self.held.popitem(last=False) for _ in range(n)]
+            self._evicted([k for k, _ in gone], [v for _, v in gone])
+        return True
+
+    def get(self, name):
+        if name not in self.held:
+            return None
+        self.held.move_to_end(name)
+        return self.held[name]
+
+    def contains(self, name) -> bool:
+        return name in self.held
+
+    def delete(self, name) -> bool:
+        return self.held.pop(name, None) is not None
+
+    @property
+    def used_bytes(self) -> int:
+        return len(self.held) * self.block_bytes
+
+    def __len__(self) -> int:
+        return len(self.held)
+
+    def put_async(self, name, data) -> Future:
+        return _done(self.put(name, data))
+
+    def put_many_async(self, names, datas) -> Future:
+        return _done(self.put_many(names, datas))
+
+    def get_many(self, names):
+        return [self.get(n) for n in names]

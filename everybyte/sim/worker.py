@@ -1,0 +1,74 @@
+"""One simulated worker: the real EngineCore, Scheduler and KVMemoryManager (prefix cache,
+sessions, tier bookkeeping) over a pool geometry, name-only tiers, the simulated mover and an
+executor, all on the worker's own virtual clock."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from everybyte.engine.core import EngineCore, Executor
+from everybyte.engine.scheduler import Scheduler
+from everybyte.kv.block_id import KVNamespace
+from everybyte.kv.clock import VirtualClock
+from everybyte.kv.memory_manager import KVMemoryManager
+from everybyte.kv.tier_movement import TierSet
+from everybyte.sim.mover import SimMover
+from everybyte.sim.tiers import NameTier
+
+
+@dataclass
+class SimPool:
+    """The KV pool as the control plane sees it (kv.mover.PoolGeometry): counts and sizes only."""
+    num_blocks: int
+    block_size: int
+    bytes_per_token: int
+
+    @classmethod
+    def from_budget(cls, budget_bytes: int, block_size: int, bytes_per_token: int) -> "SimPool":
+        n = budget_bytes // (block_size * bytes_per_token)
+        if n < 1:
+            raise ValueError(f"KV budget of {budget_bytes} bytes holds no block of {block_size} tokens "
+                             f"({block_size * bytes_per_token} bytes)")
+        return cls(n, block_size, bytes_per_token)
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.block_size * self.bytes_per_token
+
+    @property
+    def budget_bytes(self) -> int:
+        return self.num_blocks * self.bytes_per_block
+
+    @property
+    def nbytes(self) -> int:
+        return self.budget_bytes
+
+
+@dataclass
+class WorkerSpec:
+    pool: SimPool
+    model_id: str = "sim-model"
+    kv_format: str = "nvfp4"
+    host_tier_bytes: int = 0                 # 0: no G2 tier
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 8192
+    offload_on_park: bool = True
+    restart_blocks: int = 1                  # the real engine's exact-tail span in blocks (nvfp4/fp8 KV)
+
+
+class SimWorker:
+    def __init__(self, index: int, spec: WorkerSpec, executor_for, transfer_seconds, eos=()):
+        """executor_for(clock) -> Executor; transfer_seconds(level, nbytes) -> seconds."""
+        self.index, self.spec = index, spec
+        self.clock = VirtualClock(0.0)
+        pool = spec.pool
+        tiers = TierSet([NameTier(spec.host_tier_bytes, "G2", pool.bytes_per_block)] if spec.host_tier_bytes else [])
+        self.mover = SimMover(tiers, self.clock, pool.bytes_per_block, transfer_seconds)
+        ns = KVNamespace(spec.model_id, kv_format=spec.kv_format, block_size=pool.block_size)
+        self.memory = KVMemoryManager(pool, ns, tiers, offload_on_park=spec.offload_on_park, clock=self.clock,
+                                      restart_blocks=spec.restart_blocks,
+                                      mover=self.mover)
+        self.executor: Executor = executor_for(self.clock)
+        sched = Scheduler(self.memory, spec.max_num_seqs, spec.max_num_batched_tokens, spec.max_model_len, self.clock)
+        self.core = EngineCore(sched, self.executor, self.clock, eos, spec.max_model_len)
+        self.scheduled = False               # a step event for this worker is in the runner's queue

@@ -1,0 +1,130 @@
+"""The simulator (everybyte/sim): catalogs, cost model, the event-driven runner over the bench's
+trace importers, and `everybyte sim` errors. The decision-equivalence check against the real
+engine is tests/test_sim_equivalence.py."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from everybyte.cli import main as cli_main
+from everybyte.sim.build import SimConfig, build
+from everybyte.sim.cost_model import CostModel
+from everybyte.sim.hardware import CATALOG, get_hardware
+from everybyte.sim.models import get_model
+
+TRACE = "synthetic:sessions=12,turns=4,gap_s=2,arrival_s=0.5,seed=3,system_tokens=256,first_tokens=128,append_tokens=64"
+
+
+def _run(*args) -> dict:
+    script = Path(__file__).with_name("sim_torch_free.py")
+    done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "torch_loaded=False" in done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def parked():
+    return _run("--hardware", "H200", "--workers", "3", "--kv-cache", "12MiB", "--kv-format", "nvfp4", "--host-tier", "1GiB",
+                "--trace", TRACE, "--max-gap", "5", "--gap-scale", "1")
+
+
+def test_every_turn_is_replayed_and_finishes(parked):
+    s = parked["summary"]
+    assert s["unfinished_requests"] == 0 and not s["rejected"]
+    assert s["requests"] + sum(s["skipped_turns"].values()) == parked["assumptions"]["trace"]["turns"]
+    assert s["ttft_s"]["p50"] > 0 and s["tpot_s"]["p50"] > 0 and s["output_tok_s"] > 0
+    assert s["sim_requests_per_wall_s"] > 0
+
+
+def test_shared_prefixes_and_parked_sessions_are_reused(parked):
+    s = parked["summary"]
+    assert s["prefill_tokens"]["computed"] > 0 and s["prefill_tokens"]["reused"] > 0
+    assert s["blocks"]["parked"] > 0 and s["blocks"]["loaded"] > 0        # gaps park; resumes load from G2
+    assert "G2" in s["prefill_tokens"]["by_tier"]
+
+
+def test_ledger_balances_over_workers(parked):
+    g1 = parked["summary"]["g1_ledger_bytes"]
+    assert sum(v for k, v in g1.items() if k != "total") == g1["total"]
+    assert g1["weights"] == 3 * parked["assumptions"]["cost_model"]["weight_bytes"]
+
+
+def test_time_jumps_instead_of_ticking(parked):
+    s = parked["summary"]
+    # events are steps, arrivals and load wake-ups only: no idle ticks across the tool gaps
+    assert s["events"] <= s["steps"] + 3 * (s["requests"] + sum(s["skipped_turns"].values()))
+    assert s["worker_busy_fraction"] < 0.5
+
+
+def test_round_robin_spreads_turns_sticky_keeps_sessions(tmp_path):
+    out = tmp_path / "r.json"
+    rc = cli_main(["sim", "run", "--workers", "4", "--kv-cache", "16MiB", "--kv-format", "nvfp4", "--route", "round-robin",
+                   "--trace", TRACE, "--json", str(out)])
+    assert rc == 0
+    rr = json.loads(out.read_text())["summary"]
+    sticky = _run("--workers", "4", "--kv-cache", "16MiB", "--kv-format", "nvfp4", "--trace", TRACE)["summary"]
+    assert rr["requests"] == sticky["requests"]
+    # sticky keeps a session's context on one worker: more of each prompt is reused
+    assert sticky["prefill_tokens"]["reused"] > rr["prefill_tokens"]["reused"]
+
+
+def test_catalog_figures_all_have_sources():
+    for hw in CATALOG.values():
+        assert hw.figures
+        for key, (value, source) in hw.figures.items():
+            assert value > 0 and source.strip(), (hw.name, key)
+    cpu = get_hardware("cpu-this-machine")
+    assert cpu.get("flops_fp32") > 0 and "measured at" in cpu.figures["flops_fp32"][1]
+
+
+def test_model_bytes_follow_the_engine_formats():
+    m = get_model("smollm2")
+    assert m.kv_bytes_per_token("bf16") == 30 * 2 * 3 * 64 * 2
+    assert m.kv_bytes_per_token("nvfp4") == 30 * 2 * (3 * 64 // 2 + 3 * 64 // 16)
+    r1 = get_model("deepseek-r1")
+    assert 660e9 < r1.total_weight_bytes("fp8") < 690e9                   # 671B parameters
+    assert 36e9 < r1.active_params() < 39e9                               # ~37B active
+    assert r1.weight_bytes("nvfp4")["expert"] == 3 * (7168 * 2048 // 2 + 7168 * 2048 // 16 + 4)
+
+
+def test_cost_model_is_a_roofline():
+    hw, m = get_hardware("H200"), get_model("smollm2")
+    c = CostModel(hw, m, "bf16", "bf16")
+    one = c.step_seconds(1, 100)
+    assert one == pytest.approx((c.weight_bytes() + 101 * c.kv_token_bytes) / 4.8e12, rel=0.05)
+    assert c.step_seconds(8192, 8192 * 4096) > 50 * one                     # a big prefill is compute-bound
+    assert CostModel(hw, m, "nvfp4", "bf16").compute_format == "fp8"        # Hopper has no FP4 figure
+    assert c.transfer_seconds("G2", 128_000_000) == pytest.approx(1e-3)
+
+
+def test_bad_configurations_say_what_is_wrong(capsys, tmp_path):
+    assert cli_main(["sim", "run", "--hardware", "TPU9"]) == 2
+    assert "known: H200" in capsys.readouterr().err
+    assert cli_main(["sim", "run", "--model", "nope"]) == 2
+    assert "smollm2, deepseek-r1" in capsys.readouterr().err
+    assert cli_main(["sim", "run", "--model", "deepseek-r1"]) == 2
+    assert "bytes missing" in capsys.readouterr().err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": 100, "output_length": 5, "hash_ids": [1, 2]}\n')
+    assert cli_main(["sim", "run", "--trace", str(bad)]) == 2
+    assert f"{bad}:1" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="no sourced bandwidth for tier G2"):
+        build(SimConfig(hardware="B200", kv_cache="16MiB", host_tier="1GiB"))
+
+
+def test_deepseek_r1_fits_an_h200_nvl8():
+    cost, workers, info = build(SimConfig(hardware="H200", model="deepseek-r1", gpus_per_worker=8,
+                                          weights_format="fp8", kv_format="fp8", kv_cache="1GiB"))
+    assert info["kv_pool_per_worker"]["bytes_per_token"] == 61 * 576
+    assert cost.kv_budget() > 300e9
+
+
+def test_a_run_is_deterministic():
+    a = _run("--workers", "2", "--kv-cache", "8MiB", "--kv-format", "nvfp4", "--trace", TRACE)["summary"]
+    b = _run("--workers", "2", "--kv-cache", "8MiB", "--kv-format", "nvfp4", "--trace", TRACE)["summary"]
+    for key in ("wall_s", "sim_requests_per_wall_s"):
+        a.pop(key), b.pop(key)
+    assert a == b

@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", default="2", help="comma-separated worker counts")
     p.add_argument("--policies", default="round-robin,kv,kv+disagg",
                    help=f"comma-separated, from {', '.join(POLICIES)}")
-    p.add_argument("--kv-cache", default="12MiB", help="G1 KV budget per worker (small: no worker holds all)")
+    p.add_argument("--kv-cache", default="24MiB", help="G1 KV budget per worker (small: no worker holds all)")
     p.add_argument("--kv-tiers", default="none", help="each worker's --kv-tiers")
     p.add_argument("--disagg-threshold", type=int, default=256,
                    help="kv+disagg: uncached prompt tokens above which a request is prefilled apart")
@@ -62,20 +62,28 @@ def cluster_command(n: int, policy: str, port: int, args) -> list[str]:
     return cmd + args.cluster_args.split()
 
 
+def counter(metrics: dict, name: str) -> dict:
+    """A counter's series, under its name or the `_total` name the Prometheus client renders."""
+    return metrics.get(name) or metrics.get(name + "_total") or {}
+
+
 def worker_counters(urls: list[str]) -> dict:
     """Summed over the workers: prefill tokens computed and reused per tier, bytes moved per tier/direction."""
     out: dict = {"prefill_computed": 0.0, "prefill_reused": {}, "bytes_moved": {}}
     for url in urls:
         m = parse_prometheus(httpx.get(url + "/metrics", timeout=10).text)
-        for labels, v in (m.get("everybyte:prefill_tokens") or {}).items():
+        for labels, v in counter(m, "everybyte:prefill_tokens").items():
             src = dict(labels).get("source", "?")
             if src == "computed":
                 out["prefill_computed"] += v
             else:
                 out["prefill_reused"][src] = out["prefill_reused"].get(src, 0.0) + v
-        for labels, v in (m.get("everybyte:kv_bytes_moved") or {}).items():
+        for labels, v in counter(m, "everybyte:kv_bytes_moved").items():
             d = dict(labels)
             key = f"{d.get('tier', '?')}/{d.get('direction', '?')}"
+            out["bytes_moved"][key] = out["bytes_moved"].get(key, 0.0) + v
+        for labels, v in counter(m, "everybyte:kv_transfer_bytes_received").items():
+            key = f"connector:{dict(labels).get('path', '?')}/received"
             out["bytes_moved"][key] = out["bytes_moved"].get(key, 0.0) + v
     return out
 
@@ -128,7 +136,7 @@ def run_one(n: int, policy: str, args, rest: list[str], marker: str, work: str) 
             "goodput_tok_s": s.get("goodput_tok_s"), "output_tok_s": s.get("output_tok_s"),
             "prefix_hit_rate": s.get("prefix_hit_rate"), "turns_ok": s.get("turns_ok"), "errors": s.get("errors"),
             "router_decisions": {"|".join(f"{k}={v}" for k, v in labels): v for labels, v in
-                                 (router.get("everybyte:router_decisions_total") or {}).items()}}
+                                 counter(router, "everybyte:router_decisions").items()}}
 
 
 def ratio(a, b):

@@ -29,10 +29,10 @@ BENCHMARKS = {
     "agentic": ("everybyte.bench.agentic", "replay recorded agent sessions against an endpoint or the embedded engine"),
     "memory": ("everybyte.bench.micro.memory", "levers off vs each lever vs all: prefill computed, resumed-turn TTFT, tok/s, G1 ledger"),
     "disk-reader": ("everybyte.bench.micro.disk_reader", "the disk tier's reader (C and Python) vs a plain sequential read"),
-    "router": ("everybyte.bench.router", "router microbenchmark: decision p50/p99 and KV event ingestion at 64 workers, 1M blocks"),
+    "router": ("everybyte.bench.micro.router", "router microbenchmark: decision p50/p99 and KV event ingestion at 64 workers, 1M blocks"),
     "sim-speed": ("everybyte.bench.sim_speed", "simulated requests per wall-second of `everybyte sim run` at 64 workers"),
     "compare": ("everybyte.bench.compare", "everybyte's server vs peer servers (bench/peers/) on the same trace"),
-    "kv-transfer": ("everybyte.bench.kv_transfer", "disaggregated prefill->decode: bytes and bandwidth per KV format over the connector"),
+    "kv-transfer": ("everybyte.bench.micro.kv_transfer", "disaggregated prefill->decode: bytes and bandwidth per KV format over the connector"),
     "cluster": ("everybyte.bench.cluster", "agent replay through `everybyte cluster`: round-robin vs kv vs kv+disagg"),
 }
 

@@ -31,3 +31,16 @@ def test_counters_delta_and_ratios():
                  "disagg_vs_kv_tpot_p99": 0.5}
     turns = [{"ok": True, "tpot_s": t / 100} for t in range(1, 101)] + [{"ok": True, "warmup": True, "tpot_s": 9.0}]
     assert cluster.tpot_p99(turns) == 1.0
+
+
+def test_live_sessions_peak_counts_sessions_open_at_once():
+    turns = [  # session a: 0-2 s then 3-5 s (100 -> 150 tokens); b: 1-4 s (300); c after both ended (500)
+        {"ok": True, "session": "a", "t_start_s": 0.0, "t_end_s": 2.0, "prompt_len": 90, "completion_tokens": 10},
+        {"ok": True, "session": "b", "t_start_s": 1.0, "t_end_s": 4.0, "prompt_len": 290, "completion_tokens": 10},
+        {"ok": True, "session": "a", "t_start_s": 3.0, "t_end_s": 5.0, "prompt_len": 140, "completion_tokens": 10},
+        {"ok": False, "session": "d", "t_start_s": 3.5, "t_end_s": 3.6, "prompt_len": 9000, "completion_tokens": 0},
+        {"ok": True, "session": "c", "t_start_s": 6.0, "t_end_s": 7.0, "prompt_len": 490, "completion_tokens": 10},
+    ]
+    assert cluster.live_sessions_peak_tokens(turns) == 500      # a (150) + b (300) at 3 s; c alone: 500
+    turns[-1]["prompt_len"] = 100
+    assert cluster.live_sessions_peak_tokens(turns) == 450

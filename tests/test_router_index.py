@@ -84,6 +84,22 @@ def test_kv_policy_prefers_overlap_then_load_and_keeps_sessions():
     assert pol.choose(Request(40, 4, {"a": Overlap(9, 9, 9, 9)}, session_worker="b"), [a, b]).worker is a
 
 
+def test_kv_session_stays_where_its_kv_is_ready_first():
+    pol = Policy("kv")
+    home, idle = _worker("home", active=85), _worker("idle")
+    # 44 of 45 blocks cached at home, whose load is another request's decode: Dynamo's cost alone moves it
+    req = Request(180, 4, {"home": Overlap(44, 44, 44, 44)}, session_worker="home")
+    assert kv_cost(req, idle, 1.0) < kv_cost(req, home, 1.0)
+    d = pol.choose(req, [home, idle])
+    assert d.worker is home and d.prefill_blocks == 1
+    # prefill queued at home beyond a full recompute elsewhere: the other worker has the KV sooner
+    home.queued_prefill_blocks = 60
+    assert pol.choose(req, [home, idle]).worker is idle
+    # home says requests wait for a slot there: no queuing behind them
+    home.queued_prefill_blocks, home.info = 0, {"load": {"num_waiting": 2}}
+    assert pol.choose(req, [home, idle]).worker is idle
+
+
 def test_other_policies():
     ws = [_worker("a"), _worker("b"), _worker("c")]
     rr = Policy("round-robin")

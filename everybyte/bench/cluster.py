@@ -37,7 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", default="2", help="comma-separated worker counts")
     p.add_argument("--policies", default="round-robin,kv,kv+disagg",
                    help=f"comma-separated, from {', '.join(POLICIES)}")
-    p.add_argument("--kv-cache", default="24MiB", help="G1 KV budget per worker (small: no worker holds all)")
+    p.add_argument("--kv-cache", default="16MiB",
+                   help="G1 KV budget per worker: less than the live sessions' context (the report's "
+                        "live_sessions_peak_tokens), so no worker holds every session")
     p.add_argument("--kv-tiers", default="none", help="each worker's --kv-tiers")
     p.add_argument("--disagg-threshold", type=int, default=256,
                    help="kv+disagg: uncached prompt tokens above which a request is prefilled apart")
@@ -88,6 +90,25 @@ def worker_counters(urls: list[str]) -> dict:
     return out
 
 
+def warm_workers(workers: list[dict]) -> None:
+    """One tiny request straight to each worker (under a block, so nothing is cached), so no policy pays
+    a worker's first-request costs inside the measured turns."""
+    for w in workers:
+        body: dict = {"prompt": list(range(1000, 1008)), "max_tokens": 2}
+        if w.get("role") == "prefill":
+            body.update(max_tokens=1, kv_transfer_params={"do_remote_decode": True})
+        r = httpx.post(w["url"] + "/v1/completions", json=body, timeout=120)
+        if r.status_code != 200:
+            raise PeerError(f"warming {w['url']} failed: {r.status_code} {r.text[:200]}")
+
+
+def budget_tokens(urls: list[str]) -> int | None:
+    """One worker's G1 budget in tokens (its device pool's blocks x block size, from /v1/kv/info)."""
+    info = httpx.get(urls[0] + "/v1/kv/info", timeout=10).json()
+    total = (info.get("load") or {}).get("kv_blocks_total")
+    return int(total) * int(info["block_size"]) if total and info.get("block_size") else None
+
+
 def delta(after: dict, before: dict) -> dict:
     if isinstance(after, dict):
         return {k: delta(v, before.get(k, 0 if not isinstance(v, dict) else {})) for k, v in after.items()}
@@ -119,7 +140,10 @@ def run_one(n: int, policy: str, args, rest: list[str], marker: str, work: str) 
     srv = ServerProcess(name, cmd, port, os.path.join(work, f"{name}.log"))
     try:
         start_s = srv.wait_ready(args.start_timeout)
-        workers = [w["url"] for w in httpx.get(srv.url + "/v1/workers", timeout=10).json()["data"]]
+        listed = httpx.get(srv.url + "/v1/workers", timeout=10).json()["data"]
+        warm_workers(listed)
+        workers = [w["url"] for w in listed]
+        budget = budget_tokens(workers)
         before = worker_counters(workers)
         result = replay(srv.url, args, rest, marker, os.path.join(work, f"{name}.agentic.json"))
         after = worker_counters(workers)
@@ -134,9 +158,27 @@ def run_one(n: int, policy: str, args, rest: list[str], marker: str, work: str) 
             "ttft_p50_s": s.get("ttft_p50_s"), "ttft_p90_s": s.get("ttft_p90_s"),
             "tpot_p50_s": s.get("tpot_p50_s"), "tpot_p99_s": tpot_p99(result.get("turns") or []),
             "goodput_tok_s": s.get("goodput_tok_s"), "output_tok_s": s.get("output_tok_s"),
-            "prefix_hit_rate": s.get("prefix_hit_rate"), "turns_ok": s.get("turns_ok"), "errors": s.get("errors"),
+            "prefix_hit_rate": s.get("prefix_hit_rate"), "kv_budget_tokens_per_worker": budget,
+            "live_sessions_peak_tokens": live_sessions_peak_tokens(result.get("turns") or []), "turns_ok": s.get("turns_ok"), "errors": s.get("errors"),
             "router_decisions": {"|".join(f"{k}={v}" for k, v in labels): v for labels, v in
                                  counter(router, "everybyte:router_decisions").items()}}
+
+
+def live_sessions_peak_tokens(turns: list[dict]) -> int:
+    """The most context the sessions open at once held: at each turn's send, the sum over sessions already
+    started and not yet finished of their latest prompt + output, so a reader can see whether one worker's
+    budget holds every live session (the issue's premise: it must not)."""
+    spans: dict[tuple, list] = {}
+    for t in sorted((t for t in turns if t.get("ok")), key=lambda t: t["t_start_s"]):
+        key = (t.get("session"), t.get("instance"), t.get("agent"))
+        span = spans.setdefault(key, [t["t_start_s"], t["t_end_s"], []])
+        span[1] = max(span[1], t["t_end_s"])
+        span[2].append((t["t_start_s"], (t.get("prompt_len") or 0) + (t.get("completion_tokens") or 0)))
+    peak = 0
+    for now in sorted(s for span in spans.values() for s, _ in span[2]):
+        peak = max(peak, sum(max((n for s, n in span[2] if s <= now), default=0)
+                             for span in spans.values() if span[0] <= now <= span[1]))
+    return peak
 
 
 def ratio(a, b):

@@ -6,7 +6,11 @@ tokens) / block size) and decode_blocks the blocks it already has active plus th
 lowest cost wins. Extended: a prefix block in the worker's G2 or G3, or in the pod-shared tier
 (G3.5), costs its load time relative to prefill (the worker's /v1/kv/info speeds, defaults when it
 states none) instead of zero or a full recompute; and a session goes back to the worker that holds
-it unless another worker's cost is lower. `round-robin`, `random`, `least-loaded` ignore the
+it unless another worker can have its KV sooner: the prefill it must do there plus the prefill the
+router has queued there (its in-flight requests' uncached blocks) against the same on every other
+worker. Dynamo's decode blocks do not count against the session's worker: they are KV in use, not
+work ahead of the first token, and moving a session recomputes its whole prefix (the agentic replay
+showed the cost term moving sessions off a worker whose only load was another session's decode). `round-robin`, `random`, `least-loaded` ignore the
 prefix; `session` keeps a session on its worker and spreads new ones round-robin.
 """
 from __future__ import annotations
@@ -38,6 +42,7 @@ class Decision:
     worker: Worker
     cost: float = 0.0
     overlap: Overlap = field(default_factory=Overlap)
+    prefill_blocks: float = 0.0          # what the worker computes (lower tiers priced), for its queue
 
 
 def prefill_blocks(req: Request, w: Worker, o: Overlap) -> float:
@@ -50,6 +55,12 @@ def prefill_blocks(req: Request, w: Worker, o: Overlap) -> float:
 def kv_cost(req: Request, w: Worker, overlap_weight: float) -> float:
     o = req.overlaps.get(w.url, Overlap())
     return overlap_weight * prefill_blocks(req, w, o) + w.active_blocks + req.blocks
+
+
+def time_to_kv(req: Request, w: Worker) -> float:
+    """Blocks' worth of prefill before this request's KV is ready on `w`: the router's queued prefill
+    there plus this request's own."""
+    return w.queued_prefill_blocks + prefill_blocks(req, w, req.overlaps.get(w.url, Overlap()))
 
 
 class Policy:
@@ -84,14 +95,17 @@ class Policy:
         n = len(candidates)
         # equal costs: the less queued, then rotating, so a cold start spreads instead of piling up
         i = min(ties, key=lambda i: (candidates[i].queue_depth(), (i - self._next) % n)) if len(ties) > 1 else ties[0]
-        w = candidates[i]
-        if req.session_worker is not None and req.session_worker != w.url:
-            for j, c in enumerate(candidates):              # a session stays unless elsewhere is cheaper
-                if c.url == req.session_worker and costs[j] <= best:
-                    w = c
+        w, cost = candidates[i], best
+        home = next((j for j, c in enumerate(candidates) if c.url == req.session_worker), None)
+        if home is not None and home != i and not candidates[home].full():
+            # a session stays unless another worker has its KV sooner
+            ready = [time_to_kv(req, c) for c in candidates]
+            if ready[home] <= min(ready):
+                w, cost = candidates[home], costs[home]
         self._next += 1
-        return Decision(w, best, req.overlaps.get(w.url, Overlap()))
+        return self._decision(req, w, cost)
 
-    def _decision(self, req: Request, w: Worker) -> Decision:
-        return Decision(w, 0.0, req.overlaps.get(w.url, Overlap()))
+    def _decision(self, req: Request, w: Worker, cost: float = 0.0) -> Decision:
+        o = req.overlaps.get(w.url, Overlap())
+        return Decision(w, cost, o, prefill_blocks(req, w, o))
 

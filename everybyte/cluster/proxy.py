@@ -78,6 +78,8 @@ class Proxy:
                 self._failed(plan, failed, "stream broke before its first byte")
                 continue
             m.requests.labels(path, "200").inc()
+            if not path.endswith("/chat/completions"):      # a chat stream's first chunk is its role, sent at once
+                self.routing.prefilled(plan)
             return StreamingResponse(self._relay(first, chunks, resp, plan), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         m.failed.labels("no_worker" if last is None else "worker_error").inc()
@@ -94,6 +96,8 @@ class Proxy:
         try:
             yield first
             async for chunk in chunks:
+                if plan.prefill_blocks:
+                    self.routing.prefilled(plan)
                 yield chunk
         except httpx.HTTPError as e:
             self.routing.metrics.failed.labels("stream_cut").inc()

@@ -33,6 +33,7 @@ class Plan:
     session: str | None = None
     overlap: Overlap = field(default_factory=Overlap)
     best_overlap: int = 0                                  # deepest prefix any candidate holds (blocks)
+    prefill_blocks: float = 0.0                            # what the worker computes for it
 
     @property
     def blocks(self) -> int:
@@ -118,12 +119,13 @@ class Routing:
         self.metrics.decision_seconds.observe(time.perf_counter() - t0)
         names = names_by_ns.get(d.worker.namespace, []) if d.worker.namespace else []
         best = max((o.total for o in overlaps.values()), default=0)
-        return Plan(d.worker, tokens, names, session, d.overlap, best)
+        return Plan(d.worker, tokens, names, session, d.overlap, best, d.prefill_blocks if tokens else 0.0)
 
     def begin(self, plan: Plan) -> None:
         w = plan.worker
         w.in_flight += 1
         w.active_blocks += plan.blocks
+        w.queued_prefill_blocks += plan.prefill_blocks
         self.metrics.decisions.labels(self.policy.name, w.url).inc()
         self.metrics.prompt_blocks.inc(plan.blocks)
         for tier, n in plan.overlap.by_tier().items():
@@ -135,9 +137,15 @@ class Routing:
         if plan.session:
             self.remember_session(plan.session, w.url)
 
+    def prefilled(self, plan: Plan) -> None:
+        """The worker's output began: this request's prefill no longer queues ahead of others there."""
+        plan.worker.queued_prefill_blocks -= plan.prefill_blocks
+        plan.prefill_blocks = 0.0
+
     def end(self, plan: Plan) -> None:
         plan.worker.in_flight -= 1
         plan.worker.active_blocks -= plan.blocks
+        plan.worker.queued_prefill_blocks -= plan.prefill_blocks
 
     def remember_session(self, session: str, url: str) -> None:
         self.sessions[session] = url

@@ -30,6 +30,7 @@ class Worker:
     namespace: KVNamespace | None = None
     in_flight: int = 0                    # requests the router has open there
     active_blocks: int = 0                # their blocks (Dynamo's decode blocks)
+    queued_prefill_blocks: float = 0.0    # their blocks this worker computes (uncached when routed)
     failures: int = 0
 
     @property
@@ -51,6 +52,10 @@ class Worker:
     def queue_depth(self) -> int:
         load = self.load
         return max(self.in_flight, int(load.get("num_running") or 0) + int(load.get("num_waiting") or 0))
+
+    def full(self) -> bool:
+        """The worker said (last poll) that requests wait for a slot: a session should not queue there."""
+        return int(self.load.get("num_waiting") or 0) > 0
 
     def load_fraction(self, tier: str) -> float:
         """Seconds to load one token from `tier` over seconds to prefill one, clamped to [0, 1]."""

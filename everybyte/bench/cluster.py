@@ -144,9 +144,9 @@ def run_one(n: int, policy: str, args, rest: list[str], marker: str, work: str) 
         warm_workers(listed)
         workers = [w["url"] for w in listed]
         budget = budget_tokens(workers)
-        before = worker_counters(workers)
+        before, load_before = worker_counters(workers), os.getloadavg()[0]
         result = replay(srv.url, args, rest, marker, os.path.join(work, f"{name}.agentic.json"))
-        after = worker_counters(workers)
+        after, load_after = worker_counters(workers), os.getloadavg()[0]
         router = parse_prometheus(httpx.get(srv.url + "/metrics", timeout=10).text)
     finally:
         srv.stop()
@@ -159,7 +159,9 @@ def run_one(n: int, policy: str, args, rest: list[str], marker: str, work: str) 
             "tpot_p50_s": s.get("tpot_p50_s"), "tpot_p99_s": tpot_p99(result.get("turns") or []),
             "goodput_tok_s": s.get("goodput_tok_s"), "output_tok_s": s.get("output_tok_s"),
             "prefix_hit_rate": s.get("prefix_hit_rate"), "kv_budget_tokens_per_worker": budget,
-            "live_sessions_peak_tokens": live_sessions_peak_tokens(result.get("turns") or []), "turns_ok": s.get("turns_ok"), "errors": s.get("errors"),
+            "live_sessions_peak_tokens": live_sessions_peak_tokens(result.get("turns") or []),
+            "turns_ok": s.get("turns_ok"), "errors": s.get("errors"),
+            "host_load_avg_1m": [round(load_before, 2), round(load_after, 2)],   # others' jobs share the cores
             "router_decisions": {"|".join(f"{k}={v}" for k, v in labels): v for labels, v in
                                  counter(router, "everybyte:router_decisions").items()}}
 

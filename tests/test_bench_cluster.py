@@ -44,3 +44,18 @@ def test_live_sessions_peak_counts_sessions_open_at_once():
     assert cluster.live_sessions_peak_tokens(turns) == 500      # a (150) + b (300) at 3 s; c alone: 500
     turns[-1]["prompt_len"] = 100
     assert cluster.live_sessions_peak_tokens(turns) == 450
+
+
+def test_recompute_breakdown_splits_routing_losses_from_unavoidable_misses():
+    def turn(k, prompt, cached):
+        return {"ok": True, "session": "s", "agent": 0, "turn": k, "prompt_len": prompt, "cached_tokens": cached}
+    runs = [{"workers": 2, "policy": "round-robin", "_turns": [turn(0, 300, 0), turn(1, 400, 0), turn(2, 500, 0)]},
+            {"workers": 2, "policy": "kv", "_turns": [turn(0, 300, 0), turn(1, 400, 320), turn(2, 500, 16)]},
+            {"workers": 2, "policy": "kv+disagg", "_turns": [turn(0, 300, 288), turn(1, 400, 400), turn(2, 500, 0)]},
+            {"workers": 4, "policy": "kv", "error": "failed"}]
+    cluster.recompute_breakdown(runs)
+    assert runs[0]["recompute"] == {"uncached_tokens": 1200, "reusable_missed": 336, "unavoidable": 864,
+                                    "turns_missing_reuse": 1}
+    assert runs[1]["recompute"] == {"uncached_tokens": 864, "reusable_missed": 0, "unavoidable": 864,
+                                    "turns_missing_reuse": 0}
+    assert runs[2]["recompute"]["reusable_missed"] == 16 and all("_turns" not in r for r in runs)

@@ -163,7 +163,8 @@ def run_one(n: int, policy: str, args, rest: list[str], marker: str, work: str) 
             "turns_ok": s.get("turns_ok"), "errors": s.get("errors"),
             "host_load_avg_1m": [round(load_before, 2), round(load_after, 2)],   # others' jobs share the cores
             "router_decisions": {"|".join(f"{k}={v}" for k, v in labels): v for labels, v in
-                                 counter(router, "everybyte:router_decisions").items()}}
+                                 counter(router, "everybyte:router_decisions").items()},
+            "_turns": result.get("turns") or []}
 
 
 def live_sessions_peak_tokens(turns: list[dict]) -> int:
@@ -181,6 +182,36 @@ def live_sessions_peak_tokens(turns: list[dict]) -> int:
         peak = max(peak, sum(max((n for s, n in span[2] if s <= now), default=0)
                              for span in spans.values() if span[0] <= now <= span[1]))
     return peak
+
+
+def turn_key(t: dict) -> tuple:
+    return t.get("session"), t.get("instance"), t.get("agent"), t.get("turn")
+
+
+def recompute_breakdown(runs: list[dict]) -> None:
+    """Where each run's prompt tokens were computed: `reusable_missed` are tokens of a prefix that another
+    aggregated run of the same worker count reused on the same turn (so a cache held them: a routing or
+    eviction loss), `unavoidable` the rest (a session's first turn, a context the trace rewrote). Sets
+    `recompute` on each run, from its `_turns` (popped). kv+disagg is left out of the best case: its
+    cached_tokens count the blocks the prefill worker sent."""
+    for n in {r["workers"] for r in runs}:
+        group = [r for r in runs if r["workers"] == n and "_turns" in r]
+        best: dict = {}
+        for r in group:
+            if r["policy"] != "kv+disagg":
+                for t in r["_turns"]:
+                    if t.get("ok") and not t.get("warmup"):
+                        best[turn_key(t)] = max(best.get(turn_key(t), 0), t.get("cached_tokens") or 0)
+        for r in group:
+            turns = [t for t in r.pop("_turns") if t.get("ok") and not t.get("warmup")]
+            missed = sum(max(0, best.get(turn_key(t), 0) - (t.get("cached_tokens") or 0)) for t in turns)
+            uncached = sum((t.get("prompt_len") or 0) - (t.get("cached_tokens") or 0) for t in turns)
+            r["recompute"] = {"uncached_tokens": uncached, "reusable_missed": missed,
+                              "unavoidable": uncached - missed,
+                              "turns_missing_reuse": sum(1 for t in turns if best.get(turn_key(t), 0)
+                                                         - (t.get("cached_tokens") or 0) >= 64)}
+    for r in runs:
+        r.pop("_turns", None)
 
 
 def ratio(a, b):
@@ -225,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{PROG}: {n}w-{policy}: {e}", file=sys.stderr)
                 runs.append({"workers": n, "policy": policy, "error": str(e).splitlines()[0]})
                 failed = True
+    recompute_breakdown(runs)
     result = {"benchmark": "cluster", "runs": runs, "ratios": ratios(runs),
               "goals": {"kv_vs_round_robin_prefill_computed": "<= 0.5", "kv_vs_round_robin_ttft_p90": "<= 0.5",
                         "disagg_vs_kv_tpot_p99": "<= 0.6"},

@@ -98,6 +98,13 @@ def test_kv_session_stays_where_its_kv_is_ready_first():
     # home says requests wait for a slot there: no queuing behind them
     home.queued_prefill_blocks, home.info = 0, {"load": {"num_waiting": 2}}
     assert pol.choose(req, [home, idle]).worker is idle
+    # no session: the one worker with the deepest prefix is the home (a sub-agent forked from a session)
+    home.info = None
+    fork = Request(180, 4, {"home": Overlap(30, 30, 30, 30), "idle": Overlap(2, 2, 2, 2)})
+    assert pol.choose(fork, [home, idle]).worker is home
+    # a prefix every worker holds equally has no home: Dynamo's cost spreads it
+    shared = Request(180, 4, {"home": Overlap(30, 30, 30, 30), "idle": Overlap(30, 30, 30, 30)})
+    assert pol.choose(shared, [home, idle]).worker is idle
 
 
 def test_other_policies():

@@ -5,13 +5,15 @@ where prefill_blocks are the prompt's blocks the worker must compute ((prompt to
 tokens) / block size) and decode_blocks the blocks it already has active plus this request's,
 lowest cost wins. Extended: a prefix block in the worker's G2 or G3, or in the pod-shared tier
 (G3.5), costs its load time relative to prefill (the worker's /v1/kv/info speeds, defaults when it
-states none) instead of zero or a full recompute; and a session goes back to the worker that holds
-it unless another worker can have its KV sooner: the prefill it must do there plus the prefill the
-router has queued there (its in-flight requests' uncached blocks) against the same on every other
-worker. Dynamo's decode blocks do not count against the session's worker: they are KV in use, not
-work ahead of the first token, and moving a session recomputes its whole prefix (the agentic replay
-showed the cost term moving sessions off a worker whose only load was another session's decode). `round-robin`, `random`, `least-loaded` ignore the
-prefix; `session` keeps a session on its worker and spreads new ones round-robin.
+states none) instead of zero or a full recompute; and a request goes back to its home, the worker
+holding its session (without one: the one worker holding its deepest prefix, e.g. a sub-agent
+forked from a session), unless another worker can have its KV sooner: the prefill it must do there
+plus the prefill the router has queued there (its in-flight requests' uncached blocks) against the
+same on every other worker. Dynamo's decode blocks do not count against the home: they are KV in
+use, not work ahead of the first token, and leaving the home recomputes the whole prefix (the
+agentic replay showed the cost term moving sessions off a worker whose only load was another
+session's decode). `round-robin`, `random`, `least-loaded` ignore the prefix; `session` keeps a
+session on its worker and spreads new ones round-robin.
 """
 from __future__ import annotations
 
@@ -96,14 +98,25 @@ class Policy:
         # equal costs: the less queued, then rotating, so a cold start spreads instead of piling up
         i = min(ties, key=lambda i: (candidates[i].queue_depth(), (i - self._next) % n)) if len(ties) > 1 else ties[0]
         w, cost = candidates[i], best
-        home = next((j for j, c in enumerate(candidates) if c.url == req.session_worker), None)
+        home = self._home(req, candidates)
         if home is not None and home != i and not candidates[home].full():
-            # a session stays unless another worker has its KV sooner
+            # a session (or the only worker holding the deepest prefix) keeps it unless another has the KV sooner
             ready = [time_to_kv(req, c) for c in candidates]
             if ready[home] <= min(ready):
                 w, cost = candidates[home], costs[home]
         self._next += 1
         return self._decision(req, w, cost)
+
+    @staticmethod
+    def _home(req: Request, candidates: Sequence[Worker]) -> int | None:
+        """The session's worker; else the one worker whose prefix is deeper than every other's (a
+        prefix all hold equally has no home, so shared system prompts still spread by cost)."""
+        for j, c in enumerate(candidates):
+            if c.url == req.session_worker:
+                return j
+        depth = [req.overlaps.get(c.url, Overlap()).total for c in candidates]
+        deepest = max(depth)
+        return depth.index(deepest) if deepest > 0 and depth.count(deepest) == 1 else None
 
     def _decision(self, req: Request, w: Worker, cost: float = 0.0) -> Decision:
         o = req.overlaps.get(w.url, Overlap())

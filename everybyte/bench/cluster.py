@@ -8,8 +8,9 @@ tokens computed vs reused per tier, KV bytes moved per tier and connector path. 
 invocation share the trace, scaling and run marker, and run one after another, never at once.
 Every worker is warmed first; each run states its budget in tokens next to the live sessions' peak
 context (the premise: one worker cannot hold them all) and splits its recomputed prompt tokens into
-reusable_missed and unavoidable (recompute_breakdown). Ratios: kv / round-robin for prefill tokens computed and TTFT p90 (goal <= 0.5 each), kv+disagg / kv
-for TPOT p99 (goal <= 0.6 when long prefills arrive).
+reusable_missed and unavoidable (recompute_breakdown). Ratios: kv / round-robin for prefill tokens
+computed and TTFT p90 (goal <= 0.5 each), kv+disagg / kv for TPOT p99 (goal <= 0.6 when long
+prefills arrive).
 """
 from __future__ import annotations
 

@@ -9,11 +9,13 @@ dispatcher's process group directly, and says so).
    Qwen3-MoE written by transformers into a temporary directory): prefill tok/s (prompts of
    --prompt-len tokens, one output token) and decode tok/s (--batch sequences, --decode-tokens
    each, from the first to the last token), greedy, fp32 KV; and whether EP=N's tokens equal EP=1's.
+   The ranks share the cores: each gets cores // N threads (--threads sets it).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -74,6 +76,8 @@ def tiny_moe(path: Path) -> Path:
 
 def engine_speed(model: str, ranks: int, args) -> dict:
     from everybyte import LLM, SamplingParams
+    threads = args.threads or max(1, (os.cpu_count() or 1) // ranks)       # the cores shared by the ranks
+    os.environ["EVERYBYTE_NUM_THREADS"] = str(threads)                       # read by every rank at start
     llm = LLM(model, expert_parallel=ranks, kv_cache_dtype="fp32", kv_cache_bytes="64MiB", kv_tiers="none",
               max_model_len=args.prompt_len + args.decode_tokens + 8, max_num_batched_tokens=args.prompt_len * 4,
               enable_prefix_caching=False)
@@ -89,7 +93,7 @@ def engine_speed(model: str, ranks: int, args) -> dict:
         start = max(o.metrics.token_times[0] for o in outs)
         end = max(o.metrics.token_times[-1] for o in outs)
         decoded = sum(sum(1 for t in o.metrics.token_times if t > start) for o in outs)
-        return {"ranks": ranks, "prefill_tok_s": prefill, "decode_tok_s": decoded / max(end - start, 1e-9),
+        return {"ranks": ranks, "threads_per_rank": threads, "prefill_tok_s": prefill, "decode_tok_s": decoded / max(end - start, 1e-9),
                 "tokens": [o.token_ids for o in outs]}
     finally:
         llm.close()
@@ -105,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", default="1,8,64,512", help="token counts for the all-to-all round trip")
     p.add_argument("--hidden", default="256,2048", help="hidden sizes for the all-to-all round trip")
     p.add_argument("--repeats", type=int, default=50)
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads per rank (default: this machine's cores // ranks)")
     p.add_argument("--json", default=None)
     p.add_argument("--exchange-rank", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import sys
 
 import torch
@@ -66,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     del loaded
     gc.collect()
     print(json.dumps({"ready": args.rank}), flush=True)
+    os.dup2(2, 1)                        # rank 0 reads no more of our stdout: later output goes to stderr
     group = ProcessGroup(args.rank, args.world, args.port, device=args.device, timeout_s=args.timeout)
     try:
         with torch.inference_mode():

@@ -18,6 +18,8 @@ _MIXTRAL = [(re.compile(r"\.block_sparse_moe\.gate(?=\.|$)"), ".mlp.gate"),
             (re.compile(r"\.block_sparse_moe\.experts\.([^.]+)\.w1(?=\.|$)"), r".mlp.experts.\1.gate_proj"),
             (re.compile(r"\.block_sparse_moe\.experts\.([^.]+)\.w3(?=\.|$)"), r".mlp.experts.\1.up_proj"),
             (re.compile(r"\.block_sparse_moe\.experts\.([^.]+)\.w2(?=\.|$)"), r".mlp.experts.\1.down_proj")]
+_MIXTRAL_OUT = [(".mlp.gate.", ".block_sparse_moe.gate."), (".gate_proj.", ".w1."), (".up_proj.", ".w3."),
+                (".down_proj.", ".w2."), (".mlp.experts.", ".block_sparse_moe.experts.")]
 _STACKED = re.compile(r"^(.*\.mlp\.experts)\.(gate_up_proj|gate_proj|up_proj|down_proj)(\.weight)?$")
 _PER_EXPERT = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(.+)$")
 
@@ -28,6 +30,14 @@ def canonical_name(name: str) -> str:
         for pattern, repl in _MIXTRAL:
             name = pattern.sub(repl, name)
     return name
+
+
+def mixtral_weights(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """The inverse of canonical_name for a Mixtral checkpoint being written (its HF names)."""
+    for name, tensor in weights:
+        for mine, theirs in _MIXTRAL_OUT:
+            name = name.replace(mine, theirs)
+        yield name, tensor
 
 
 def canonical_weights(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:

@@ -25,7 +25,9 @@ from everybyte.cluster.launcher import plan_workers
 from everybyte.dist import RankDiedError
 from everybyte.engine.llm import LLM
 from everybyte.engine.sampling_params import SamplingParams
+from everybyte.models.expert_moves import transfer_plan
 from everybyte.models.expert_placement import ExpertPlacement
+from everybyte.models.moe_dispatch import ReplicaTable
 from everybyte.models.tokenizer import Tokenizer
 
 transformers = pytest.importorskip("transformers")
@@ -185,3 +187,13 @@ def test_cluster_launcher_runs_expert_parallel_workers(moe_dir, reference):
         assert not ranks[0].is_running()                         # rank 0's exit stopped its expert rank
     finally:
         launcher.stop()
+
+
+def test_transfer_plan_and_replica_choice():
+    old = ExpertPlacement.identity(EXPERTS, 2)
+    new = ExpertPlacement(EXPERTS, 2, 0, [0, 2, 4, 6, 7, 7, 1, 3, 5, 0], 5)
+    assert transfer_plan(old, new) == {(0, 4): 1, (0, 6): 1, (0, 7): 1, (1, 0): 0, (1, 1): 0, (1, 3): 0}
+    table = ReplicaTable(new, torch.device("cpu"))
+    ids = torch.tensor([[7, 2], [7, 0], [7, 0], [5, 3]])
+    # expert 7 sits in slots 4 and 5, expert 0 in 0 and 9: token t takes replica t mod 2
+    assert table.choose(ids).tolist() == [[4, 1], [5, 9], [4, 0], [8, 7]]

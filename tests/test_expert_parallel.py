@@ -172,6 +172,8 @@ def test_cluster_launcher_runs_expert_parallel_workers(moe_dir, reference):
     assert plan_workers(2, None, None, [], cores=8, expert_parallel=2)[0].threads == 2       # 2 workers x 2 ranks
     assert plan_workers(1, None, None, ["--model", "m"], expert_parallel=2)[0].serve_args[-2:] == \
         ["--expert-parallel", "2"]
+    with pytest.raises(ValueError, match="--expert-parallel must be >= 1, got 0"):
+        plan_workers(1, None, None, [], expert_parallel=0)
     launcher = Launcher("--workers", "1", "--expert-parallel", "2", "--model", str(moe_dir), "--kv-cache", "4MiB",
                         "--kv-cache-dtype", "fp32", "--max-model-len", "64", "--kv-tiers", "none")
     try:

@@ -8,7 +8,8 @@ dispatcher's process group directly, and says so).
 2. The engine at EP=1 and at each --ranks N on a MoE model (--model, default: a tiny random
    Qwen3-MoE written by transformers into a temporary directory): prefill tok/s (prompts of
    --prompt-len tokens, one output token) and decode tok/s (--batch sequences, --decode-tokens
-   each, from the first to the last token), greedy, fp32 KV; and whether EP=N's tokens equal EP=1's.
+   each, from the first to the last token), greedy, fp32 KV; whether EP=N's tokens equal EP=1's;
+   rank 0's weight bytes and every rank's private resident memory.
    The ranks share the cores: each gets cores // N threads (--threads sets it).
 """
 from __future__ import annotations
@@ -74,6 +75,12 @@ def tiny_moe(path: Path) -> Path:
     return path
 
 
+def private_bytes(pid: int) -> int:
+    """Resident anonymous memory: what the process holds itself (mapped checkpoint pages excluded)."""
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon:"))
+
+
 def engine_speed(model: str, ranks: int, args) -> dict:
     from everybyte import LLM, SamplingParams
     threads = args.threads or max(1, (os.cpu_count() or 1) // ranks)       # the cores shared by the ranks
@@ -93,8 +100,10 @@ def engine_speed(model: str, ranks: int, args) -> dict:
         start = max(o.metrics.token_times[0] for o in outs)
         end = max(o.metrics.token_times[-1] for o in outs)
         decoded = sum(sum(1 for t in o.metrics.token_times if t > start) for o in outs)
-        return {"ranks": ranks, "threads_per_rank": threads, "prefill_tok_s": prefill, "decode_tok_s": decoded / max(end - start, 1e-9),
-                "tokens": [o.token_ids for o in outs]}
+        pids = [os.getpid(), *(llm.expert_parallel.describe()["worker_pids"] if llm.expert_parallel else [])]
+        return {"ranks": ranks, "threads_per_rank": threads, "prefill_tok_s": prefill,
+                "decode_tok_s": decoded / max(end - start, 1e-9), "rank0_weight_bytes": llm.weights_bytes,
+                "private_bytes_per_rank": [private_bytes(pid) for pid in pids], "tokens": [o.token_ids for o in outs]}
     finally:
         llm.close()
 

@@ -5,6 +5,7 @@ rope permutation). The directory is written next to its target and renamed into 
 half-written export is never mistaken for a finished one."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -20,6 +21,8 @@ from everybyte.models.gguf_loader import iter_gguf_weights
 from everybyte.models.hf_loader import ARCHITECTURES, INDEX_FILE, iter_hf_weights
 from everybyte.models.loader import load_config_and_tokenizer, resolve_dtype, resolve_model_path
 from everybyte.models.modelopt import QUANT_FILE, QuantConfig, config_json_entry, hf_quant_json
+from everybyte.models.moe_config import hf_moe_config
+from everybyte.models.moe_weights import mixtral_weights
 from everybyte.models.tokenizer import Tokenizer
 
 FORMATS = ("hf",)
@@ -31,29 +34,33 @@ SCALE_SUFFIXES = (".weight_scale_2", ".input_scale", ".k_scale", ".v_scale")   #
 
 def export_hf(model: str | os.PathLike | None, out_dir: str | os.PathLike, dtype: torch.dtype | str = "bf16",
               force: bool = False, shard_bytes: int = SHARD_BYTES, quant: QuantConfig | None = None,
-              transform=None) -> Path:
+              transform=None, config_update: dict | None = None) -> Path:
     """Convert `model` (None: the default model) into the HF directory `out_dir`; returns it.
     quant + transform: a quantized checkpoint (transform maps the float (name, tensor) stream
-    to the stored one; quant is written to hf_quant_config.json and config.json)."""
+    to the stored one; quant is written to hf_quant_config.json and config.json);
+    config_update: ModelConfig fields the written model changes (e.g. a MoE made from it)."""
     dtype = resolve_dtype(dtype)
     if dtype not in DTYPE_NAMES:
         raise ValueError(f"unsupported dtype {dtype}; supported: fp32, fp16, bf16")
     out = check_out_dir(out_dir, force)
     config, tokenizer, source = load_config_and_tokenizer(resolve_model_path(model))
+    written = dataclasses.replace(config, **config_update) if config_update else config
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        cfg = hf_config(config, dtype)
+        cfg = hf_config(written, dtype)
         if quant is not None:
             cfg["quantization_config"] = config_json_entry(quant)
             _write_json(tmp / QUANT_FILE, hf_quant_json(quant))
         _write_json(tmp / "config.json", cfg)
-        _write_json(tmp / "generation_config.json", generation_config(config))
-        write_tokenizer(tokenizer, config, tmp)
+        _write_json(tmp / "generation_config.json", generation_config(written))
+        write_tokenizer(tokenizer, written, tmp)
         weights = (iter_gguf_weights(source, config) if isinstance(source, GGUFFile)
                    else iter_hf_weights(source, config))
         if transform is not None:
             weights = transform(weights)
+        if written.architecture == "mixtral":
+            weights = mixtral_weights(weights)
         write_weights(weights, tmp, dtype, config.tie_word_embeddings, shard_bytes)
         _default_modes(tmp)
         if out.exists():
@@ -83,13 +90,13 @@ def hf_config(c: ModelConfig, dtype: torch.dtype) -> dict:
            "tie_word_embeddings": c.tie_word_embeddings, "attention_dropout": 0.0, "initializer_range": 0.02,
            "use_cache": True, "bos_token_id": c.bos_token_id, "eos_token_id": _one_or_list(c.eos_token_ids),
            "torch_dtype": DTYPE_NAMES[dtype], "dtype": DTYPE_NAMES[dtype]}
-    if c.architecture == "llama":
+    if c.architecture in ("llama", "llama_moe", "mixtral"):
         cfg |= {"attention_bias": c.attention_bias, "mlp_bias": False, "pretraining_tp": 1}
     else:
         cfg |= {"use_sliding_window": False, "sliding_window": None, "max_window_layers": c.num_hidden_layers}
-        if c.architecture == "qwen3":
+        if c.architecture in ("qwen3", "qwen3_moe", "olmoe"):
             cfg["attention_bias"] = c.attention_bias
-    return cfg
+    return cfg | hf_moe_config(c.architecture, c)
 
 
 def generation_config(c: ModelConfig) -> dict:

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from everybyte.models import llama, native_ops
-from everybyte.models.llama import RMSNorm
+from everybyte.models import layers, native_ops
+from everybyte.models.layers import RMSNorm
 from everybyte.models.rope import RotaryEmbedding
 
 pytestmark = pytest.mark.skipif(not native_ops.available(), reason="no C compiler")
@@ -45,7 +45,7 @@ def test_add_rmsnorm_kernel_matches_torch(rows):
     norm = RMSNorm(576, 1e-5, torch.float32)
     norm.weight.data = torch.randn(576, generator=g)
     x, r = torch.randn(rows, 576, generator=g) * 3, torch.randn(rows, 576, generator=g)
-    assert llama._fused(x, r, norm.weight)
+    assert layers._fused(x, r, norm.weight)
     h = x + r
     want = norm.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5))
     residual = r.clone()
@@ -54,7 +54,7 @@ def test_add_rmsnorm_kernel_matches_torch(rows):
     assert new_residual is residual and torch.equal(residual, h)            # updated in place
     torch.testing.assert_close(norm(x), norm.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)),
                                atol=1e-5, rtol=1e-5)
-    assert not llama._fused(x.view(rows, 9, 64), None, norm.weight)       # 3-D (q/k norms): torch
+    assert not layers._fused(x.view(rows, 9, 64), None, norm.weight)       # 3-D (q/k norms): torch
 
 
 @pytest.mark.parametrize("rows", [1, 5, 64])

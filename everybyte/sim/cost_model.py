@@ -50,6 +50,8 @@ class CostModel:
         self.tiers: dict[str, TierLink] = {}
         if (host := hw.get("host_bytes_per_s")) is not None:
             self.tiers["G2"] = TierLink(host * gpus)
+        for level, link in (calibration.tiers if calibration else {}).items():
+            self.tiers[level] = TierLink(link["bytes_per_s"], link.get("latency_s", 0.0))     # measured wins
         self._touched: dict[int, float] = {}
 
     # ---- memory -------------------------------------------------------------------------------
@@ -129,6 +131,7 @@ class CostModel:
                     "every computed token reads its whole KV context; new KV written once",
                     "a worker of g GPUs scales FLOP/s and bandwidth by g: no communication cost",
                     "a weights format without a FLOP/s figure computes at the next wider format's",
-                    "tier latency 0 where no latency is sourced",
+                    "tier latency 0 where no latency is sourced; a calibration's measured tier loads replace "
+                    "the catalog's links",
                     "calibrated step times replace the roofline only with --calibration; outside the "
                     "fitted shapes they extrapolate (counted in the run's summary)"]}

@@ -15,7 +15,7 @@ COMMANDS = {
     "convert": ("everybyte.models.convert_cli", "write a model as a Hugging Face directory: [MODEL] --to hf DIR"),
     "quantize": ("everybyte.engine.quantize_cli", "write an NVFP4 (ModelOpt) checkpoint: [MODEL] --to nvfp4 DIR"),
     "cluster": ("everybyte.cluster.cli", "start N serve workers and a router: --workers N [--prefill P --decode D]"),
-    "sim": ("everybyte.sim.cli", "simulate a fleet on the engine's control plane: everybyte sim run|hardware|models"),
+    "sim": ("everybyte.sim.cli", "simulate a fleet on the engine's control plane: everybyte sim run|calibrate|whatif|hardware|models"),
     "bench": (None, "run a benchmark: everybyte bench NAME [--json PATH] (see `everybyte bench --help`)"),
 }
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
+from typing import Any
 
 from everybyte.bench.agentic import default_trace
 from everybyte.bench.report import emit
@@ -100,7 +101,7 @@ class Setup:
         self.engine_kwargs = kw
         self.loaded = None
 
-    def real_run(self, trace) -> tuple[dict, object]:
+    def real_run(self, trace) -> tuple[dict, Any]:
         from everybyte.bench.sim_real import RealWorker, WallClock
         from everybyte.engine.llm_engine import LLMEngine
         from everybyte.engine.sampling_params import SamplingParams

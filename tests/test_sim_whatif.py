@@ -6,9 +6,11 @@ import pytest
 
 from everybyte.sim.build import SimConfig, build
 from everybyte.sim.cli import main as sim_main
-from everybyte.sim.whatif import at_interactivity, scenario_for, why_not
+from everybyte.sim.whatif import at_interactivity, fit_to, scenario_for, why_not
 
-TRACE = "synthetic:sessions=6,turns=2,system_tokens=64,first_tokens=64,append_tokens=32,output_tokens=16,seed=1"
+# sizes at full scale, read with --token-scale 64 as the shared traces are: each trace token then
+# stands for 64 real ones (KV pools of ~1M blocks, not 64M, on the 64-GPU workers)
+TRACE = "synthetic:sessions=6,turns=2,system_tokens=4096,first_tokens=4096,append_tokens=2048,output_tokens=16,seed=1"
 
 
 def _pt(user, mw):
@@ -47,6 +49,10 @@ def test_levers_outside_the_hardware_say_why():
     assert "host link" in why_not("GB300-NVL72", scenario_for("host_staging"))
     assert why_not("VR-NVL72", scenario_for("all")) is None
     assert "not simulated" in scenario_for("pod_flash")
+    s, dropped = fit_to("GB300-NVL72", scenario_for("all"))                 # all the levers it has
+    assert s.ep == 64 and not s.host_staging and s.weights_format == "nvfp4" and "host staging" in dropped[0]
+    s, dropped = fit_to("H200", scenario_for("all"))
+    assert s.ep == 8 and s.host_staging and "EP64" in dropped[0]
 
 
 def test_token_weight_scales_kv_bytes_and_prefill():
@@ -57,8 +63,9 @@ def test_token_weight_scales_kv_bytes_and_prefill():
 
 
 def test_whatif_table_from_simulated_runs(tmp_path, capsys):
-    rc = sim_main(["whatif", "--hardware", "GB300-NVL72,H200", "--levers", "baseline,ep32,pod_flash",
-                   "--sessions-per-gpu", "1,2", "--turns", "2", "--trace", TRACE, "--out", str(tmp_path)])
+    rc = sim_main(["whatif", "--hardware", "GB300-NVL72,H200", "--levers", "baseline,ep32,pod_flash,all",
+                   "--sessions-per-gpu", "1,2", "--max-sessions-per-gpu", "2", "--turns", "2", "--trace", TRACE,
+                   "--token-scale", "64", "--out", str(tmp_path)])
     assert rc == 0
     r = json.loads((tmp_path / "whatif.json").read_text())
     rows = {(x["hardware"], x["lever"]): x for x in r["rows"]}
@@ -69,6 +76,7 @@ def test_whatif_table_from_simulated_runs(tmp_path, capsys):
     assert rows[("GB300-NVL72", "ep32")]["simulated"]
     assert not rows[("H200", "ep32")]["simulated"] and "NVLink domain" in rows[("H200", "ep32")]["why_not"]
     assert not rows[("H200", "pod_flash")]["simulated"]
+    assert rows[("H200", "all")]["simulated"] and rows[("H200", "all")]["scenario"]["ep"] == 8
     assert any("extrapolat" in a for a in r["assumptions"]) and any("power: H200" in a for a in r["assumptions"])
     assert [c["seed"] for c in r["claims"]] == [30.0, 30.0, 4.0, 1.8, 5.0]
     md = (tmp_path / "whatif.md").read_text()
@@ -79,5 +87,6 @@ def test_whatif_table_from_simulated_runs(tmp_path, capsys):
 @pytest.mark.parametrize("argv, text", [(["--hardware", "TPU9"], "known: H200"),
                                         (["--levers", "magic"], "unknown lever 'magic'")])
 def test_bad_input_is_a_clear_error(argv, text, capsys):
-    assert sim_main(["whatif", "--trace", TRACE, "--sessions-per-gpu", "1", "--turns", "1", *argv]) == 2
+    assert sim_main(["whatif", "--trace", TRACE, "--token-scale", "64", "--sessions-per-gpu", "1", "--turns", "1",
+                     *argv]) == 2
     assert text in capsys.readouterr().err

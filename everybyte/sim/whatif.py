@@ -51,13 +51,15 @@ SYSTEMS = {"H200": 8, "GB300-NVL72": 72, "VR-NVL72": 72}       # GPUs in one sys
 class WhatIfConfig:
     hardware: list[str] = field(default_factory=lambda: list(SYSTEMS))
     levers: list[str] = field(default_factory=lambda: list(LEVERS))
-    sessions_per_gpu: list[int] = field(default_factory=lambda: [1, 4, 8, 16])
-    turns: int = 3                              # each session's first turns
+    sessions_per_gpu: list[int] = field(default_factory=lambda: [1, 4, 16])
+    turns: int = 6                              # each session's first turns
+    max_sessions_per_gpu: int = 64              # the sweep doubles its last load up to this until the mark is reached
     interactivity: list[float] = field(default_factory=lambda: [50.0, 100.0, 160.0, 200.0])
     mark: float = 160.0
     start_window_s: float = 1.0                 # sessions start spread over this
-    max_num_seqs: int = 1024
-    max_num_batched_tokens: int = 1024          # trace tokens per step (each token_scale real ones in prefill)
+    # per GPU of the worker (attention is data-parallel: each GPU batches its own share)
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 32            # trace tokens per step (each token_scale real ones in prefill)
     memory_utilization: float = 0.9
 
 
@@ -73,6 +75,20 @@ def watts_per_gpu(hw_name: str) -> tuple[float, str]:
 def scenario_for(lever: str) -> Scenario | str:
     change = LEVERS[lever]
     return change if isinstance(change, str) else replace(Scenario(), **change)
+
+
+def fit_to(hw_name: str, s: Scenario) -> tuple[Scenario, list[str]]:
+    """'all' on a hardware that lacks a lever: the widest EP its NVLink domain holds, no host
+    staging without a host link; what was dropped is said."""
+    hw, dropped = get_hardware(hw_name), []
+    domain = int(hw.need("nvlink_domain_gpus"))
+    if s.ep > domain:
+        dropped.append(f"EP{s.ep} (NVLink domain of {domain}: EP{domain})")
+        s = replace(s, ep=domain)
+    if s.host_staging and hw.get("host_bytes_per_s") is None:
+        dropped.append("host staging (no sourced host link)")
+        s = replace(s, host_staging=False)
+    return s, dropped
 
 
 def why_not(hw_name: str, s: Scenario) -> str | None:
@@ -105,7 +121,7 @@ def run_point(cfg: WhatIfConfig, hw_name: str, s: Scenario, trace: Trace, scalin
         size = get_hardware(hw_name).get("host_bytes") or HOST_BYTES_PER_GPU
         host = str(int(size * s.ep))
     sim = SimConfig(hw_name, "deepseek-r1", 1, s.ep, s.weights_format, s.kv_format, None, cfg.memory_utilization,
-                    host, 16, cfg.max_num_seqs, cfg.max_num_batched_tokens, ep=True, expert_imbalance=s.imbalance,
+                    host, 16, cfg.max_num_seqs * s.ep, cfg.max_num_batched_tokens * s.ep, ep=True, expert_imbalance=s.imbalance,
                     token_weight=scaling.token_scale)
     cost, workers, _ = build(sim)
     n = per_gpu * s.ep
@@ -142,6 +158,18 @@ def at_interactivity(points: list[dict], x: float) -> dict[str, Any]:
     raise AssertionError("unreachable")
 
 
+def sweep(cfg: WhatIfConfig, hw_name: str, s: Scenario, trace: Trace, scaling: Scaling) -> list[dict[str, Any]]:
+    """The given loads, then the last one doubled (up to max_sessions_per_gpu) while every point
+    is still more interactive than the mark."""
+    loads = list(cfg.sessions_per_gpu)
+    points = [run_point(cfg, hw_name, s, trace, scaling, n) for n in loads]
+    while (min((p["tok_s_per_user"] for p in points if p["tok_s_per_user"]), default=0.0) > cfg.mark
+           and loads[-1] * 2 <= cfg.max_sessions_per_gpu):
+        loads.append(loads[-1] * 2)
+        points.append(run_point(cfg, hw_name, s, trace, scaling, loads[-1]))
+    return points
+
+
 def run_whatif(cfg: WhatIfConfig, trace: Trace, scaling: Scaling, progress=None) -> list[dict[str, Any]]:
     rows = []
     for hw_name in cfg.hardware:
@@ -151,13 +179,15 @@ def run_whatif(cfg: WhatIfConfig, trace: Trace, scaling: Scaling, progress=None)
                 raise ValueError(f"unknown lever {lever!r}; known: {', '.join(LEVERS)}")
             s = scenario_for(lever)
             row: dict[str, Any] = {"hardware": hw_name, "lever": lever}
-            reason = s if isinstance(s, str) else why_not(hw_name, s)
+            reason = s if isinstance(s, str) else None if lever == "all" else why_not(hw_name, s)
             if reason is not None:
                 rows.append({**row, "simulated": False, "why_not": reason})
                 continue
             assert isinstance(s, Scenario)
+            if lever == "all":
+                s, row["dropped"] = fit_to(hw_name, s)
             try:
-                points = [run_point(cfg, hw_name, s, trace, scaling, n) for n in cfg.sessions_per_gpu]
+                points = sweep(cfg, hw_name, s, trace, scaling)
             except ValueError as e:                            # e.g. the weights do not fit
                 rows.append({**row, "simulated": False, "why_not": str(e), "scenario": s.__dict__})
                 continue

@@ -16,7 +16,7 @@ COMMANDS = {
     "quantize": ("everybyte.engine.quantize_cli", "write an NVFP4 (ModelOpt) checkpoint: [MODEL] --to nvfp4 DIR"),
     "moe-ify": ("everybyte.engine.moeify_cli", "a MoE with routers fitted on real text from a dense model: [MODEL] OUTDIR"),
     "cluster": ("everybyte.cluster.cli", "start N serve workers and a router: --workers N [--prefill P --decode D]"),
-    "sim": ("everybyte.sim.cli", "simulate a fleet on the engine's control plane: everybyte sim run|hardware|models"),
+    "sim": ("everybyte.sim.cli", "simulate a fleet on the engine's control plane: everybyte sim run|calibrate|whatif|hardware|models"),
     "bench": (None, "run a benchmark: everybyte bench NAME [--json PATH] (see `everybyte bench --help`)"),
 }
 
@@ -32,6 +32,7 @@ BENCHMARKS = {
     "disk-reader": ("everybyte.bench.micro.disk_reader", "the disk tier's reader (C and Python) vs a plain sequential read"),
     "router": ("everybyte.bench.micro.router", "router microbenchmark: decision p50/p99 and KV event ingestion at 64 workers, 1M blocks"),
     "sim-speed": ("everybyte.bench.sim_speed", "simulated requests per wall-second of `everybyte sim run` at 64 workers"),
+    "sim-accuracy": ("everybyte.bench.sim_accuracy", "the simulator vs the real engine on held-out agent sessions: TTFT, tok/s, prefill"),
     "compare": ("everybyte.bench.compare", "everybyte's server vs peer servers (bench/peers/) on the same trace"),
     "kv-transfer": ("everybyte.bench.micro.kv_transfer", "disaggregated prefill->decode: bytes and bandwidth per KV format over the connector"),
     "cluster": ("everybyte.bench.cluster", "agent replay through `everybyte cluster`: round-robin vs kv vs kv+disagg"),

@@ -33,7 +33,7 @@ def test_fit_recovers_a_linear_step_time(tmp_path):
 
 def test_negative_terms_are_dropped():
     samples = [StepSample(t, 0, 1, 0.01 + 1e-3 * t) for t in (1, 2, 4, 8, 16)]
-    samples += [StepSample(3, 10, 1, 0.0)]                      # an outlier that pulls a term negative
+    samples += [StepSample(3, 10, 1, 1e-4)]                     # an outlier that pulls per_attended negative
     fit = fit_steps(samples)
     assert all(v >= 0 for v in fit.coefficients.values())
 
@@ -49,6 +49,21 @@ def test_cost_model_steps_on_the_fit_and_counts_extrapolation():
     assert cost.outside_range == 1                              # attended 5 < the fitted 10
     cost.batch_seconds([Seq(), Seq()], [8, 8])
     assert cost.outside_range == 1 and cost.describe()["step_time"].startswith("calibrated")
+
+
+def test_calibrated_tier_loads_replace_the_catalog_link(tmp_path):
+    fit = fit_steps([StepSample(t, a, s, _linear(t, a, s)) for t in (1, 16) for a in (10, 1000) for s in (1, 2)])
+    fit.tiers = {"G2": {"bytes_per_s": 1e9, "latency_s": 1e-3}}
+    path = tmp_path / "fit.json"
+    fit.save(str(path))
+    cost = CostModel(get_hardware("H200"), get_model("smollm2"), calibration=StepFit.load(str(path)))
+    assert cost.transfer_seconds("G2", 10**9) == pytest.approx(1.001)          # not H200's PCIe 128 GB/s
+    fit.tiers = {"G2": {"bytes_per_s": 0}}
+    fit.save(str(path))
+    with pytest.raises(ValueError, match="bytes_per_s"):
+        StepFit.load(str(path))
+    with pytest.raises(ValueError, match="seconds > 0"):
+        fit_steps([StepSample(1, 1, 1, 0.0)] * 4)
 
 
 def test_profile_records_every_step_shape():

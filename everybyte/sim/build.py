@@ -8,6 +8,7 @@ from everybyte.formats.sizes import parse_size
 from everybyte.sim.calibration import StepFit
 from everybyte.sim.cost_model import CostModel
 from everybyte.sim.executor import CostExecutor
+from everybyte.sim.expert_parallel import ExpertParallel
 from everybyte.sim.hardware import get_hardware
 from everybyte.sim.models import get_model
 from everybyte.sim.worker import SimPool, SimWorker, WorkerSpec
@@ -28,14 +29,18 @@ class SimConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     step_overhead_s: float = 0.0
+    ep: bool = False                         # expert parallelism over the worker's GPUs (else ideal scaling)
+    expert_imbalance: float = 1.0            # max / mean tokens per GPU under EP
+    token_weight: float = 1.0                # a trace token stands for this many real ones (CostModel)
 
 
 def build(cfg: SimConfig, calibration: StepFit | None = None) -> tuple[CostModel, list[SimWorker], dict]:
     if cfg.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {cfg.workers}")
     hw, model = get_hardware(cfg.hardware), get_model(cfg.model)
+    ep = ExpertParallel(cfg.gpus_per_worker, cfg.expert_imbalance) if cfg.ep else None
     cost = CostModel(hw, model, cfg.weights_format, cfg.kv_format, cfg.gpus_per_worker, cfg.step_overhead_s,
-                     calibration)
+                     calibration, ep, cfg.token_weight)
     room = cost.kv_budget(cfg.memory_utilization)             # also: do the weights fit at all
     budget = room if cfg.kv_cache is None else parse_size(cfg.kv_cache)
     if budget > room:

@@ -27,6 +27,8 @@ class StepFit:
     residuals: dict[str, float]                 # relative error |fit - measured| / measured
     samples: int
     source: dict[str, Any] = field(default_factory=dict)
+    # measured tier loads, level -> {"bytes_per_s", "latency_s"}: replace the catalog's links
+    tiers: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def seconds(self, tokens: int, attended: int, seqs: int) -> float:
         c = self.coefficients
@@ -46,21 +48,28 @@ class StepFit:
         try:
             with open(path) as f:
                 d = json.load(f)
-            fit = cls(d["coefficients"], d["residuals"], d["samples"], d.get("source", {}))
+            fit = cls(d["coefficients"], d["residuals"], d["samples"], d.get("source", {}), d.get("tiers", {}))
         except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
             raise ValueError(f"{path}: not a calibration file written by `everybyte sim calibrate`: {e}") from None
         if set(fit.coefficients) != set(TERMS):
             raise ValueError(f"{path}: calibration coefficients must be {', '.join(TERMS)}")
+        if any(not isinstance(t, dict) or not t.get("bytes_per_s", 0) > 0 for t in fit.tiers.values()):
+            raise ValueError(f"{path}: each calibrated tier needs bytes_per_s > 0")
         return fit
 
 
 def fit_steps(samples: list[StepSample], source: dict[str, Any] | None = None) -> StepFit:
-    """Least squares (non-negative terms: a negative one is dropped and the rest refitted)."""
+    """Least squares of the relative error (each sample weighted by 1 / its seconds: the many short
+    decode steps count as much as the few long prefills, and the residuals reported are what is
+    minimised); non-negative terms: a negative one is dropped and the rest refitted."""
     import numpy as np
     if len(samples) < len(TERMS):
         raise ValueError(f"need at least {len(TERMS)} step samples to fit, got {len(samples)}")
-    x = np.array([[1.0, s.tokens, s.attended, s.seqs] for s in samples])
-    y = np.array([s.seconds for s in samples])
+    if any(not s.seconds > 0 for s in samples):
+        raise ValueError("every step sample needs seconds > 0")
+    w = np.array([1.0 / s.seconds for s in samples])
+    x = np.array([[1.0, s.tokens, s.attended, s.seqs] for s in samples]) * w[:, None]
+    y = np.ones(len(samples))
     keep = list(range(len(TERMS)))
     while True:
         coef, *_ = np.linalg.lstsq(x[:, keep], y, rcond=None)
@@ -71,7 +80,7 @@ def fit_steps(samples: list[StepSample], source: dict[str, Any] | None = None) -
     for i, c in zip(keep, coef):
         full[TERMS[i]] = float(max(c, 0.0))
     fit = StepFit(full, {}, len(samples), dict(source or {}))
-    rel = sorted(abs(fit.seconds(s.tokens, s.attended, s.seqs) - s.seconds) / s.seconds for s in samples if s.seconds > 0)
+    rel = sorted(abs(fit.seconds(s.tokens, s.attended, s.seqs) - s.seconds) / s.seconds for s in samples)
     fit.residuals = {"p50": rel[len(rel) // 2], "p90": rel[int(0.9 * (len(rel) - 1))], "max": rel[-1]} if rel else {}
     fit.source.setdefault("fitted_at", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     fit.source["range"] = {"tokens": [min(s.tokens for s in samples), max(s.tokens for s in samples)],

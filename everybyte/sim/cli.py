@@ -35,12 +35,17 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-seqs", type=int, default=256)
     g.add_argument("--max-num-batched-tokens", type=int, default=8192)
     g.add_argument("--step-overhead-us", type=float, default=0.0, help="fixed cost per step (not calibrated)")
+    g.add_argument("--ep", action="store_true", help="expert parallelism over --gpus-per-worker (all-to-all "
+                   "over NVLink, experts spread) instead of ideal scaling")
+    g.add_argument("--expert-imbalance", type=float, default=1.0, help="with --ep: max/mean tokens per GPU "
+                   "(no EPLB ~2.56, EPLB ~1.11 for DeepSeek-R1 at EP32, ../shared/specs/nvfp4.md)")
 
 
 def config_from(args) -> SimConfig:
     return SimConfig(args.hardware, args.model, args.workers, args.gpus_per_worker, args.weights_format,
                      args.kv_format, args.kv_cache, args.memory_utilization, args.host_tier, args.block_size,
-                     args.max_num_seqs, args.max_num_batched_tokens, args.step_overhead_us * 1e-6)
+                     args.max_num_seqs, args.max_num_batched_tokens, args.step_overhead_us * 1e-6, args.ep,
+                     args.expert_imbalance)
 
 
 def run_parser() -> argparse.ArgumentParser:
@@ -118,7 +123,7 @@ def run_sim(args, cfg: SimConfig) -> dict:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     usage = (f"usage: {PROG} COMMAND [args]\n\ncommands:\n  run          replay agent sessions on simulated "
-             f"workers\n  calibrate    fit step times to the real engine on this machine\n  hardware     the hardware catalog with its sources [NAME]\n  models       the model "
+             f"workers\n  calibrate    fit step times to the real engine on this machine\n  whatif       tok/s per MW at fixed tok/s/user per hardware and lever (DeepSeek-R1)\n  hardware     the hardware catalog with its sources [NAME]\n  models       the model "
              f"catalog [NAME|PATH]")
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
@@ -136,8 +141,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if cmd == "calibrate":
             return calibrate(rest)
+        if cmd == "whatif":
+            from everybyte.sim.whatif_cli import main as whatif
+            return whatif(rest)
         if cmd != "run":
-            print(f"{PROG}: unknown command {cmd!r}; choose from run, calibrate, hardware, models", file=sys.stderr)
+            print(f"{PROG}: unknown command {cmd!r}; choose from run, calibrate, whatif, hardware, models", file=sys.stderr)
             return 2
         args = run_parser().parse_args(rest)
         result = run_sim(args, config_from(args))

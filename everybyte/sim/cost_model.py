@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from everybyte.sim.calibration import StepFit
+from everybyte.sim.expert_parallel import ExpertParallel
 from everybyte.sim.hardware import Hardware
 from everybyte.sim.models import ModelShape
 
@@ -26,34 +27,49 @@ class TierLink:
 
 class CostModel:
     def __init__(self, hw: Hardware, model: ModelShape, weights_format: str = "bf16", kv_format: str = "bf16",
-                 gpus: int = 1, step_overhead_s: float = 0.0, calibration: StepFit | None = None):
+                 gpus: int = 1, step_overhead_s: float = 0.0, calibration: StepFit | None = None,
+                 ep: ExpertParallel | None = None, token_weight: float = 1.0):
         """calibration: a step-time fit to the real engine (sim.calibration) used instead of the
-        roofline; steps outside the shapes it was fitted on are counted (outside_range)."""
+        roofline; steps outside the shapes it was fitted on are counted (outside_range).
+        ep: expert parallelism over the worker's GPUs (sim.expert_parallel) instead of ideal scaling.
+        token_weight: a scaled-down trace's context token stands for this many real ones (its KV
+        bytes, the attention over it and its prefill cost that many times; decode tokens are real)."""
         if gpus < 1:
             raise ValueError(f"gpus per worker must be >= 1, got {gpus}")
+        if ep is not None and ep.gpus != gpus:
+            raise ValueError(f"EP{ep.gpus} needs a worker of {ep.gpus} GPUs, got {gpus}")
+        if not token_weight >= 1:
+            raise ValueError(f"token_weight must be >= 1, got {token_weight}")
+        self.ep, self.token_weight = ep, token_weight
         self.hw, self.model, self.gpus = hw, model, gpus
         self.weights_format, self.kv_format = weights_format, kv_format
         self.peak_flops, self.compute_format = hw.flops(weights_format if weights_format != "bf16" else "fp16")
+        self.gpu_flops, self.gpu_hbm_bw = self.peak_flops, hw.need("hbm_bytes_per_s")
         self.peak_flops *= gpus
-        self.hbm_bw = hw.need("hbm_bytes_per_s") * gpus
+        self.hbm_bw = self.gpu_hbm_bw * gpus
         self.step_overhead_s = step_overhead_s
         self.calibration, self.outside_range = calibration, 0
         rng = calibration.range() if calibration else {}
         self._limits: list[tuple[str, int, int]] = [(key, rng[key][0], rng[key][1])
                                                      for key in ("tokens", "attended", "seqs") if key in rng]
         parts = model.weight_bytes(weights_format)
-        self.expert_bytes = parts["expert"]
+        self.expert_bytes, self.routed_bytes = parts["expert"], parts["routed_experts"]
+        self.expert_params = sum(r * c for r, c in model.mlp_matrices(model.moe_mlp)) if model.moe_layers else 0
         self.fixed_weight_bytes = sum(v for k, v in parts.items() if k not in ("expert", "routed_experts"))
-        self.kv_token_bytes = model.kv_bytes_per_token(kv_format)
+        self.kv_token_bytes = int(model.kv_bytes_per_token(kv_format) * token_weight)
         self.flops_per_token = 2 * model.active_params()
         self.attn_flops_per_ctx = 2 * model.layers * model.heads * (model.qk_dim + model.v_dim)
         self.tiers: dict[str, TierLink] = {}
         if (host := hw.get("host_bytes_per_s")) is not None:
             self.tiers["G2"] = TierLink(host * gpus)
-        self._touched: dict[int, float] = {}
+        for level, link in (calibration.tiers if calibration else {}).items():
+            self.tiers[level] = TierLink(link["bytes_per_s"], link.get("latency_s", 0.0))     # measured wins
+        self._touched: dict[float, float] = {}
 
     # ---- memory -------------------------------------------------------------------------------
     def weight_bytes(self) -> int:
+        if self.ep is not None:
+            return self.ep.worker_weight_bytes(self.fixed_weight_bytes, self.routed_bytes)
         return self.model.total_weight_bytes(self.weights_format)
 
     def device_bytes(self) -> int:
@@ -71,38 +87,46 @@ class CostModel:
         return usable - weights
 
     # ---- steps --------------------------------------------------------------------------------
-    def _experts_touched(self, tokens: int) -> float:
+    def experts_touched(self, tokens: float) -> float:
         """Expected distinct routed experts per MoE layer that `tokens` tokens reach (uniform top-k)."""
         m = self.model
         got = self._touched.get(tokens)
         if got is None:
-            got = self._touched[tokens] = m.experts * (1.0 - (1.0 - m.experts_per_token / m.experts) ** tokens)
+            got = self._touched[tokens] = float(m.experts * (1.0 - (1.0 - m.experts_per_token / m.experts) ** tokens))
         return got
 
-    def step_seconds(self, tokens: int, attended: int) -> float:
+    def step_seconds(self, tokens: float, attended: float, new_kv: float | None = None) -> float:
         """tokens: computed this step (prefill chunks + one per decoding sequence); attended: sum over
-        them of the context each attends to (its position + 1)."""
+        them of the context each attends to (its position + 1), in trace tokens (each token_weight
+        real ones: kv_token_bytes already counts them, the attention FLOPs here); new_kv: trace
+        tokens whose KV is written (default tokens)."""
         if tokens <= 0:
             return 0.0
+        new_kv = tokens if new_kv is None else new_kv
+        if self.ep is not None:
+            return self.ep.step_seconds(self, tokens, attended, new_kv) + self.step_overhead_s
         weights = float(self.fixed_weight_bytes)
         if self.model.moe_layers:
-            weights += self.model.moe_layers * self._experts_touched(tokens) * self.expert_bytes
-        nbytes = weights + (attended + tokens) * self.kv_token_bytes
-        flops = tokens * self.flops_per_token + attended * self.attn_flops_per_ctx
+            weights += self.model.moe_layers * self.experts_touched(tokens) * self.expert_bytes
+        nbytes = weights + (attended + new_kv) * self.kv_token_bytes
+        flops = tokens * self.flops_per_token + attended * self.token_weight * self.attn_flops_per_ctx
         return max(flops / self.peak_flops, nbytes / self.hbm_bw) + self.step_overhead_s
 
     def batch_seconds(self, seqs: Sequence[Any], num_new_tokens: Sequence[int]) -> float:
-        tokens = attended = 0
+        tokens = attended = prefill = 0
         for s, n in zip(seqs, num_new_tokens):
             c = s.num_computed_tokens
             tokens += n
             attended += n * c + n * (n + 1) // 2          # token i of the chunk sees c + i + 1 positions
+            if self.token_weight != 1:
+                prefill += max(min(n, s.num_prompt_tokens - c), 0)
         if self.calibration is not None:
             shape = {"tokens": tokens, "attended": attended, "seqs": len(seqs)}
             if any(not lo <= shape[key] <= hi for key, lo, hi in self._limits):
                 self.outside_range += 1
             return self.calibration.seconds(tokens, attended, len(seqs))
-        return self.step_seconds(tokens, attended)
+        w = self.token_weight
+        return self.step_seconds(tokens + prefill * (w - 1), attended, tokens)
 
     # ---- tiers --------------------------------------------------------------------------------
     def transfer_seconds(self, level: str, nbytes: int) -> float:
@@ -117,7 +141,8 @@ class CostModel:
                 "peak_flops": self.peak_flops, "hbm_bytes_per_s": self.hbm_bw,
                 "weights_format": self.weights_format, "kv_format": self.kv_format,
                 "weight_bytes": self.weight_bytes(), "kv_bytes_per_token": self.kv_token_bytes,
-                "step_overhead_s": self.step_overhead_s,
+                "step_overhead_s": self.step_overhead_s, "token_weight": self.token_weight,
+                "expert_parallel": None if self.ep is None else self.ep.describe(),
                 "step_time": "calibrated fit (sim calibrate)" if self.calibration else "roofline",
                 "calibration": None if self.calibration is None else {
                     "coefficients": self.calibration.coefficients, "residuals": self.calibration.residuals,
@@ -129,6 +154,7 @@ class CostModel:
                     "every computed token reads its whole KV context; new KV written once",
                     "a worker of g GPUs scales FLOP/s and bandwidth by g: no communication cost",
                     "a weights format without a FLOP/s figure computes at the next wider format's",
-                    "tier latency 0 where no latency is sourced",
+                    "tier latency 0 where no latency is sourced; a calibration's measured tier loads replace "
+                    "the catalog's links",
                     "calibrated step times replace the roofline only with --calibration; outside the "
                     "fitted shapes they extrapolate (counted in the run's summary)"]}

@@ -42,6 +42,11 @@ _RUBIN = "https://mirrorfrog.com/en/blog/nvidia-vera-rubin-platform-6-chips-deep
 _RUBIN_RACK = ("https://jp.imgtag.co.kr/?p=929391 (Vera Rubin NVL72: NVFP4 inference 3.6 EF = 50 PF per GPU, "
                "HBM4 20.7 TB + LPDDR5X 54 TB, NVLink 6 3.6 TB/s per GPU)")
 _VERA_C2C = "https://megaobzor.com/NVIDIA-predstavila-novii-superkomputer-dlja-II.html (Vera NVLink-C2C 1.8 TB/s)"
+_RUBIN_FP8 = ("https://megaobzor.com/NVIDIA-predstavila-novii-superkomputer-dlja-II.html (Vera Rubin NVL144, i.e. "
+              "72 two-die GPUs: 1.2 EF FP8 training per rack); / 72 GPUs")
+_RUBIN_POWER = ("https://regantih.github.io/reports-lab/sand-to-superintelligence/chapters/14-nvl72-drills.tsv "
+                "(VR NVL72 rack 190-230 kW, Max Q to Max P; the low end here; "
+                "https://www.techstories.co/what-it-takes-to-support-nvidias-vera-rubin-gpu says 120-130 kW)")
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,7 @@ CATALOG: dict[str, Hardware] = {h.name: h for h in (
         "hbm_bytes": (288e9, _RUBIN), "hbm_bytes_per_s": (22e12, _RUBIN),
         "flops_nvfp4": (50e15, _RUBIN_RACK + "; NVIDIA's 'NVFP4 inference' figure, which " + _RUBIN
                         + " reads as with sparsity: not halved here, an open assumption"),
+        "flops_fp8": (1.2e18 / 72, _RUBIN_FP8), "rack_power_w": (190e3, _RUBIN_POWER),
         "nvlink_bytes_per_s": (3.6e12, _RUBIN_RACK), "nvlink_domain_gpus": (72, _RUBIN_RACK),
         "host_bytes": (54e12 / 72, _RUBIN_RACK + "; LPDDR5X / 72 GPUs"),
         "host_bytes_per_s": (1.8e12 / 2, _VERA_C2C + "; one Vera serves two GPUs: halved per GPU")}),

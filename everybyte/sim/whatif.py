@@ -1,0 +1,198 @@
+"""`everybyte sim whatif` (issue #20 item 6): output tokens per second per MW at fixed per-user
+interactivity for an agentic workload on DeepSeek-R1, per hardware, with each lever off and on
+and all stacked. Every figure comes from simulated runs (sim/runner on one worker of EP-degree
+GPUs at a sweep of loads); every assumption is listed with the output (ASSUMPTIONS, describe()).
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from everybyte.bench.traces.model import Trace
+from everybyte.bench.traces.scaling import Scaling
+from everybyte.bench.traces.tokens import TokenSpace
+from everybyte.sim.build import SimConfig, build
+from everybyte.sim.hardware import get_hardware
+from everybyte.sim.runner import RunConfig, Runner
+
+EPLB_BEFORE, EPLB_AFTER = 2.56, 1.11          # ../shared/specs/nvfp4.md: DeepSeek-R1 at EP32, max/mean
+HOST_BYTES_PER_GPU = 256 << 30                 # staging room where the catalog has a host link but no size
+
+
+@dataclass(frozen=True)
+class Scenario:
+    weights_format: str = "fp8"
+    kv_format: str = "fp8"
+    ep: int = 8
+    imbalance: float = EPLB_BEFORE
+    host_staging: bool = False
+
+
+# lever -> what it changes on the baseline (None: not simulated, with the reason)
+LEVERS: dict[str, dict[str, Any] | str] = {
+    "baseline": {},
+    "nvfp4_weights": {"weights_format": "nvfp4"},
+    "nvfp4_kv": {"kv_format": "nvfp4"},
+    "ep32": {"ep": 32},
+    "ep64": {"ep": 64},
+    "eplb": {"imbalance": EPLB_AFTER},
+    "host_staging": {"host_staging": True},
+    "kv_routing_disagg": "not simulated: the runner routes session-sticky over one worker; the cluster router "
+                         "(KV-aware) and disaggregated prefill/decode are not plugged into sim/runner yet",
+    "pod_flash": "not simulated: the simulator has no G3/pod flash tier and the catalog no sourced CMX figures",
+    "all": {"weights_format": "nvfp4", "kv_format": "nvfp4", "ep": 64, "imbalance": EPLB_AFTER,
+            "host_staging": True},
+}
+SYSTEMS = {"H200": 8, "GB300-NVL72": 72, "VR-NVL72": 72}       # GPUs in one system (NVLink domain)
+
+
+@dataclass
+class WhatIfConfig:
+    hardware: list[str] = field(default_factory=lambda: list(SYSTEMS))
+    levers: list[str] = field(default_factory=lambda: list(LEVERS))
+    sessions_per_gpu: list[int] = field(default_factory=lambda: [1, 4, 16])
+    turns: int = 6                              # each session's first turns
+    max_sessions_per_gpu: int = 64              # the sweep doubles its last load up to this until the mark is reached
+    interactivity: list[float] = field(default_factory=lambda: [50.0, 100.0, 160.0, 200.0])
+    mark: float = 160.0
+    start_window_s: float = 1.0                 # sessions start spread over this
+    # per GPU of the worker (attention is data-parallel: each GPU batches its own share)
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 32            # trace tokens per step (each token_scale real ones in prefill)
+    memory_utilization: float = 0.9
+
+
+def watts_per_gpu(hw_name: str) -> tuple[float, str]:
+    hw = get_hardware(hw_name)
+    if (w := hw.get("gpu_power_w")) is not None:
+        return w, f"GPU TDP {w:g} W ({hw.figures['gpu_power_w'][1]})"
+    rack = hw.need("rack_power_w")
+    n = SYSTEMS.get(hw.name) or int(hw.need("nvlink_domain_gpus"))
+    return rack / n, f"rack {rack:g} W / {n} GPUs, includes CPUs and switches ({hw.figures['rack_power_w'][1]})"
+
+
+def scenario_for(lever: str) -> Scenario | str:
+    change = LEVERS[lever]
+    return change if isinstance(change, str) else replace(Scenario(), **change)
+
+
+def fit_to(hw_name: str, s: Scenario) -> tuple[Scenario, list[str]]:
+    """'all' on a hardware that lacks a lever: the widest EP its NVLink domain holds, no host
+    staging without a host link; what was dropped is said."""
+    hw, dropped = get_hardware(hw_name), []
+    domain = int(hw.need("nvlink_domain_gpus"))
+    if s.ep > domain:
+        dropped.append(f"EP{s.ep} (NVLink domain of {domain}: EP{domain})")
+        s = replace(s, ep=domain)
+    if s.host_staging and hw.get("host_bytes_per_s") is None:
+        dropped.append("host staging (no sourced host link)")
+        s = replace(s, host_staging=False)
+    return s, dropped
+
+
+def why_not(hw_name: str, s: Scenario) -> str | None:
+    hw = get_hardware(hw_name)
+    domain = int(hw.need("nvlink_domain_gpus"))
+    if s.ep > domain:
+        return f"EP{s.ep} exceeds the NVLink domain of {domain} GPUs (cross-node all-to-all is not modelled)"
+    if s.host_staging and hw.get("host_bytes_per_s") is None:
+        return "no sourced host link (C2C/PCIe) bandwidth for this hardware in the catalog"
+    return None
+
+
+def workload(trace: Trace, n_sessions: int, turns: int) -> Trace:
+    """n_sessions sessions cycling through the trace's (copies get their own ids, so their tokens
+    and blocks are their own), each cut to its first `turns` turns."""
+    out = copy.copy(trace)
+    out.sessions = []
+    for i in range(n_sessions):
+        s = copy.copy(trace.sessions[i % len(trace.sessions)])
+        s.id = f"{s.id}-c{i // len(trace.sessions)}"
+        s.turns = s.turns[:turns]
+        out.sessions.append(s)
+    return out
+
+
+def run_point(cfg: WhatIfConfig, hw_name: str, s: Scenario, trace: Trace, scaling: Scaling,
+              per_gpu: int) -> dict[str, Any]:
+    host = None
+    if s.host_staging:
+        size = get_hardware(hw_name).get("host_bytes") or HOST_BYTES_PER_GPU
+        host = str(int(size * s.ep))
+    sim = SimConfig(hw_name, "deepseek-r1", 1, s.ep, s.weights_format, s.kv_format, None, cfg.memory_utilization,
+                    host, 16, cfg.max_num_seqs * s.ep, cfg.max_num_batched_tokens * s.ep, ep=True, expert_imbalance=s.imbalance,
+                    token_weight=scaling.token_scale)
+    cost, workers, _ = build(sim)
+    n = per_gpu * s.ep
+    runner = Runner(workload(trace, n, cfg.turns), scaling, TokenSpace(1000, 30000), workers,
+                    RunConfig(park=True, rate=n / cfg.start_window_s), None, cost.weight_bytes())
+    sm = runner.run()
+    tpot = sm["tpot_s"]["p50"]
+    watts, _ = watts_per_gpu(hw_name)
+    per_gpu_tok_s = sm["output_tok_s"] / s.ep
+    return {"sessions_per_gpu": per_gpu, "sessions": n, "requests": sm["requests"],
+            "tok_s_per_user": 1.0 / tpot if tpot else None, "tok_s_per_gpu": per_gpu_tok_s,
+            "tok_s_per_mw": per_gpu_tok_s / (watts / 1e6), "ttft_p50_s": sm["ttft_s"]["p50"],
+            "preemptions": sm["preemptions"], "reuse_fraction": sm["prefill_tokens"]["reuse_fraction"],
+            "kv_blocks_per_worker": workers[0].spec.pool.num_blocks, "skipped": sm["skipped_turns"],
+            "wall_s": sm["wall_s"]}
+
+
+def at_interactivity(points: list[dict], x: float) -> dict[str, Any]:
+    """tok/s/MW at x tok/s/user on the sweep's frontier: interpolated between the loads that
+    bracket x; every load faster than x: the most loaded point, a lower bound (the sweep did not
+    load the system down to x); every load slower: unreachable."""
+    pts = sorted((p for p in points if p["tok_s_per_user"]), key=lambda p: p["tok_s_per_user"])
+    if not pts or pts[-1]["tok_s_per_user"] < x:
+        return {"tok_s_per_mw": None, "how": "unreachable: no load of the sweep is this interactive"}
+    if pts[0]["tok_s_per_user"] >= x:
+        best = max(pts, key=lambda p: p["tok_s_per_mw"])
+        return {"tok_s_per_mw": best["tok_s_per_mw"], "how": "lower bound: every load of the sweep is more "
+                f"interactive (slowest {pts[0]['tok_s_per_user']:.0f} tok/s/user); more load would give more"}
+    for lo, hi in zip(pts, pts[1:]):
+        if lo["tok_s_per_user"] <= x <= hi["tok_s_per_user"]:
+            f = (x - lo["tok_s_per_user"]) / max(hi["tok_s_per_user"] - lo["tok_s_per_user"], 1e-12)
+            v = lo["tok_s_per_mw"] + f * (hi["tok_s_per_mw"] - lo["tok_s_per_mw"])
+            return {"tok_s_per_mw": v, "how": "interpolated between the two loads that bracket it"}
+    raise AssertionError("unreachable")
+
+
+def sweep(cfg: WhatIfConfig, hw_name: str, s: Scenario, trace: Trace, scaling: Scaling) -> list[dict[str, Any]]:
+    """The given loads, then the last one doubled (up to max_sessions_per_gpu) while every point
+    is still more interactive than the mark."""
+    loads = list(cfg.sessions_per_gpu)
+    points = [run_point(cfg, hw_name, s, trace, scaling, n) for n in loads]
+    while (min((p["tok_s_per_user"] for p in points if p["tok_s_per_user"]), default=0.0) > cfg.mark
+           and loads[-1] * 2 <= cfg.max_sessions_per_gpu):
+        loads.append(loads[-1] * 2)
+        points.append(run_point(cfg, hw_name, s, trace, scaling, loads[-1]))
+    return points
+
+
+def run_whatif(cfg: WhatIfConfig, trace: Trace, scaling: Scaling, progress=None) -> list[dict[str, Any]]:
+    rows = []
+    for hw_name in cfg.hardware:
+        get_hardware(hw_name)                                  # an unknown name lists the known ones
+        for lever in cfg.levers:
+            if lever not in LEVERS:
+                raise ValueError(f"unknown lever {lever!r}; known: {', '.join(LEVERS)}")
+            s = scenario_for(lever)
+            row: dict[str, Any] = {"hardware": hw_name, "lever": lever}
+            reason = s if isinstance(s, str) else None if lever == "all" else why_not(hw_name, s)
+            if reason is not None:
+                rows.append({**row, "simulated": False, "why_not": reason})
+                continue
+            assert isinstance(s, Scenario)
+            if lever == "all":
+                s, row["dropped"] = fit_to(hw_name, s)
+            try:
+                points = sweep(cfg, hw_name, s, trace, scaling)
+            except ValueError as e:                            # e.g. the weights do not fit
+                rows.append({**row, "simulated": False, "why_not": str(e), "scenario": s.__dict__})
+                continue
+            at = {f"{x:g}": at_interactivity(points, x) for x in cfg.interactivity}
+            rows.append({**row, "simulated": True, "scenario": s.__dict__, "points": points, "at": at})
+            if progress:
+                progress(rows[-1])
+    return rows

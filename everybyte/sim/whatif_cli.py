@@ -1,0 +1,119 @@
+"""`everybyte sim whatif`: the tokens-per-MW table (JSON on stdout; --out DIR adds whatif.json,
+whatif.md and whatif.png)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import asdict
+
+from everybyte.bench.agentic import default_trace
+from everybyte.bench.report import emit
+from everybyte.bench.traces import TraceError, load_trace
+from everybyte.bench.traces.scaling import Scaling
+from everybyte.sim.expert_parallel import ExpertParallel
+from everybyte.sim.models import get_model
+from everybyte.sim.whatif import (
+    EPLB_AFTER,
+    EPLB_BEFORE,
+    HOST_BYTES_PER_GPU,
+    LEVERS,
+    SYSTEMS,
+    WhatIfConfig,
+    run_whatif,
+    watts_per_gpu,
+)
+from everybyte.sim.whatif_report import claims, markdown, plot
+
+PROG = "everybyte sim whatif"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description="output tok/s per MW at fixed tok/s/user for DeepSeek-R1 "
+                                "on an agentic workload, per hardware and lever",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--hardware", default=",".join(SYSTEMS))
+    p.add_argument("--levers", default=",".join(LEVERS))
+    p.add_argument("--sessions-per-gpu", default="1,4,16", help="the load sweep (concurrent agent sessions)")
+    p.add_argument("--max-sessions-per-gpu", type=int, default=64, help="the sweep doubles its last load up to "
+                   "this while every load is more interactive than --mark")
+    p.add_argument("--turns", type=int, default=6, help="each session's first turns")
+    p.add_argument("--interactivity", default="50,100,160,200", help="tok/s/user columns")
+    p.add_argument("--mark", type=float, default=160.0)
+    p.add_argument("--trace", default=None, help="agent sessions (default: the shared ones)")
+    p.add_argument("--token-scale", type=float, default=None, help="default: bench agentic's for the format")
+    p.add_argument("--max-num-batched-tokens", type=int, default=32, help="trace tokens per step per GPU")
+    p.add_argument("--max-num-seqs", type=int, default=128, help="sequences per step per GPU")
+    p.add_argument("--out", default=None, help="directory for whatif.json, whatif.md, whatif.png")
+    p.add_argument("--json", default=None)
+    return p
+
+
+def assumptions(cfg: WhatIfConfig, trace, scaling: Scaling, path: str) -> list[str]:
+    w = scaling.token_scale
+    out = [
+        f"workload: {path} ({len(trace.sessions)} agent sessions, {trace.format}) cycled to sessions-per-GPU x "
+        f"EP-degree sessions, each its first {cfg.turns} turns, starting over {cfg.start_window_s:g} s, parked "
+        "during tool gaps >= 0.5 s; scaled as `bench agentic` scales them: " + scaling.describe()["rule"],
+        f"scaled down for speed: a trace token stands for {w:g} real tokens in the cost model (its KV bytes, "
+        "attention over it, its prefill FLOPs; decode tokens are real), so KV room in sessions and attention "
+        f"traffic are at full scale; a step's budget per GPU of the worker is {cfg.max_num_batched_tokens} "
+        f"trace tokens (= {cfg.max_num_batched_tokens * w:,.0f} real prefill tokens) and {cfg.max_num_seqs} "
+        "sequences (attention is data-parallel over the worker's GPUs)",
+        "baseline: FP8 weights, FP8 KV, EP8 (one worker = 8 GPUs), imbalance 2.56, no host staging; a lever "
+        "changes one of these; 'all' = NVFP4 weights + NVFP4 KV + EP64 + EPLB + host staging, less what the hardware "
+        "lacks (its row's 'dropped': EP capped at the NVLink domain, no staging without a host link)",
+        f"EPLB: imbalance (max/mean tokens per GPU) {EPLB_BEFORE} without, {EPLB_AFTER} with "
+        "(../shared/specs/nvfp4.md, DeepSeek-R1 at EP32), applied at every EP degree",
+        f"host staging: parked sessions' KV offloaded to a G2 tier of the catalog's host memory per GPU, or "
+        f"{HOST_BYTES_PER_GPU >> 30} GiB per GPU where it has a host link but no size; loads at the host link",
+        "per system: throughput per GPU x the GPUs of the system (H200 NVL8: 8, NVL72: 72); one worker is "
+        "simulated per configuration, the others are copies",
+        "interactivity = 1 / TPOT p50 over turns; throughput = output tokens over the run's span (ramp-up and "
+        "tail included); a column value is interpolated between the sweep's loads that bracket it; loads: "
+        f"{cfg.sessions_per_gpu} sessions per GPU, the last doubled up to {cfg.max_sessions_per_gpu} while every "
+        f"load is more interactive than {cfg.mark:g} tok/s/user",
+        "extrapolation: no figure here is inside a calibrated range; step costs are the catalog roofline "
+        "(sim calibrate / bench sim-accuracy fit this CPU only), so every value extrapolates the cost model",
+        "not simulated: KV-aware routing + disaggregation, the pod flash tier (see their rows)",
+    ]
+    out += [f"power: {hw}: {watts_per_gpu(hw)[1]}" for hw in cfg.hardware]
+    m = get_model("deepseek-r1")
+    out.append(f"model: deepseek-r1 ({m.active_params() / 1e9:.1f}B active), step time roofline per GPU: "
+               + "; ".join(ExpertParallel(8).describe()["assumptions"]))
+    return out
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    try:
+        cfg = WhatIfConfig(hardware=args.hardware.split(","), levers=args.levers.split(","),
+                           sessions_per_gpu=[int(x) for x in args.sessions_per_gpu.split(",")], turns=args.turns,
+                           max_sessions_per_gpu=args.max_sessions_per_gpu,
+                           interactivity=[float(x) for x in args.interactivity.split(",")], mark=args.mark,
+                           max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs)
+        if cfg.mark not in cfg.interactivity:
+            cfg.interactivity = sorted(cfg.interactivity + [cfg.mark])
+        path = args.trace or default_trace()
+        trace = load_trace(path)
+        scaling = Scaling.defaults(trace.format, get_model("deepseek-r1").max_len, token_scale=args.token_scale)
+
+        def progress(row):
+            print(f"{PROG}: {row['hardware']} {row['lever']} done", file=sys.stderr)
+
+        rows = run_whatif(cfg, trace, scaling, progress)
+        result = {"benchmark": "sim-whatif", "config": asdict(cfg), "rows": rows,
+                  "claims": claims(rows, cfg.mark), "assumptions": assumptions(cfg, trace, scaling, path)}
+    except (ValueError, TraceError, OSError) as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 2
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "whatif.md"), "w") as f:
+            f.write(markdown(result))
+        result["plot"] = plot(result, os.path.join(args.out, "whatif.png")) or "matplotlib not installed: no plot"
+        with open(os.path.join(args.out, "whatif.json"), "w") as f:
+            json.dump(result, f, indent=1)
+    emit(result, args.json)
+    return 0

@@ -1,0 +1,50 @@
+"""`everybyte bench sim-accuracy` on a tiny synthetic trace: one session calibrates, another is
+replayed on the real engine and on the simulator; the JSON holds both runs' figures and the
+relative errors computed from them."""
+import json
+
+import pytest
+
+from everybyte.bench import sim_accuracy
+
+TRACE = ("synthetic:sessions=2,turns=3,system_tokens=32,first_tokens=24,append_tokens=16,output_tokens=6,"
+         "gap_s=0.1,arrival_s=0.1,seed=0")
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    out = tmp_path_factory.mktemp("acc")
+    rc = sim_accuracy.main(["--trace", TRACE, "--calibration-sessions", "1", "--held-out-sessions", "1",
+                            "--turns-per-session", "2", "--max-output", "4", "--max-context", "256",
+                            "--kv-cache", "16MiB", "--max-num-seqs", "4", "--json", str(out / "acc.json"),
+                            "--calibration-out", str(out / "fit.json")])
+    assert rc == 0
+    return json.loads((out / "acc.json").read_text()), out
+
+
+def test_both_runs_happened_and_the_errors_come_from_them(result):
+    r, _ = result
+    real, sim = r["real"], r["sim"]
+    assert real["requests"] == sim["requests"] == 2                  # the held-out session's two turns
+    assert r["steps"]["real"] > 0 and r["steps"]["sim"] > 0
+    assert r["real_wall_split_s"]["stepping"] > 0                    # the real engine ran on the wall clock
+    assert real["prefill_tokens_computed"] > 0 and sim["prefill_tokens_computed"] > 0
+    for k in sim_accuracy.METRICS:
+        assert r["relative_error"][k] == pytest.approx(abs(sim[k] - real[k]) / real[k])
+        assert r["within_target"][k] == (r["relative_error"][k] <= r["target"])
+    assert r["calibration"]["samples"] >= 4 and r["calibration"]["coefficients"]
+    assert r["held_out_sessions"] != r["calibration"]["sessions"]
+
+
+def test_the_fit_is_a_sim_calibration_file(result):
+    from everybyte.sim.calibration import StepFit
+    r, out = result
+    fit = StepFit.load(str(out / "fit.json"))
+    assert fit.coefficients == r["calibration"]["coefficients"]
+    assert set(fit.tiers) <= {"G2"}
+
+
+def test_a_trace_too_short_for_the_split_is_a_clear_error(capsys):
+    rc = sim_accuracy.main(["--trace", "synthetic:sessions=1", "--calibration-sessions", "1"])
+    assert rc == 2
+    assert "sessions" in capsys.readouterr().err

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from everybyte.kv.tiers.base import as_uint8_tensor, checksum
+from everybyte.kv.data.tiers.buffers import as_uint8_tensor, checksum
 
 MAGIC = b"EBKV"
 VERSION = 3

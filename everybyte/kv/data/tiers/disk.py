@@ -16,19 +16,10 @@ import uuid
 
 import torch
 
-from everybyte.kv.tiers.base import (
-    FRAME,
-    TierBackend,
-    Unit,
-    UnitIndex,
-    as_bytes_view,
-    checksum,
-    frame_header,
-    io_executor,
-    parallel,
-    unframe,
-)
-from everybyte.kv.tiers.reader import new_progress, plan, read_into
+from everybyte.kv.data.tiers.buffers import FRAME, as_bytes_view, checksum, frame_header, unframe
+from everybyte.kv.data.tiers.reader import new_progress, plan, read_into
+from everybyte.kv.data.tiers.units import Unit, UnitIndex
+from everybyte.kv.tiers.base import TierBackend, io_executor, parallel
 
 SUFFIX, PACK_SUFFIX = ".kvb", ".kvp"
 TMP_PREFIX = ".tmp-"

@@ -16,8 +16,8 @@ import weakref
 import torch
 
 from everybyte.formats import cpu_kernels
-from everybyte.kv.tiers.base import as_uint8_tensor, checksum
-from everybyte.kv.tiers.codec import (
+from everybyte.kv.data.tiers.buffers import as_uint8_tensor, checksum
+from everybyte.kv.data.tiers.codec import (
     CHECKSUM,
     PREFIX,
     CorruptBlock,

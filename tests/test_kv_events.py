@@ -37,7 +37,8 @@ def test_stored_removed_cleared():
     assert log.drain().events == []
 
 
-CONTROL_PLANE = ["everybyte.kv.block_id", "everybyte.kv.prefix_cache", "everybyte.kv.eviction",
+CONTROL_PLANE = ["everybyte.kv.block_id", "everybyte.kv.prefix_cache", "everybyte.kv.prefix_sessions",
+                 "everybyte.kv.eviction",
                  "everybyte.kv.sessions", "everybyte.kv.ledger", "everybyte.kv.events", "everybyte.kv.clock",
                  "everybyte.kv.mover", "everybyte.kv.block_manager", "everybyte.kv.seq_state",
                  "everybyte.kv.session_ops", "everybyte.kv.memory_manager", "everybyte.engine.scheduler",

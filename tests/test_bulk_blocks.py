@@ -8,9 +8,9 @@ import torch
 
 from everybyte.kv.block_id import KVNamespace, chain_block_ids
 from everybyte.kv.data.pool import KVPool
-from everybyte.kv.tiers import CorruptBlock, DiskTier, FormatMismatch, HostTier, decode_block
-from everybyte.kv.tiers.disk import RING_SLOTS, STREAM_BYTES, read_pack_table
-from everybyte.kv.tiers.pool_codec import block_tensors, pool_codec
+from everybyte.kv.data.tiers import CorruptBlock, DiskTier, FormatMismatch, HostTier, decode_block
+from everybyte.kv.data.tiers.disk import RING_SLOTS, STREAM_BYTES, read_pack_table
+from everybyte.kv.data.tiers.pool_codec import block_tensors, pool_codec
 
 SHAPES = [(3, 64)] * 6
 NAMES = chain_block_ids(KVNamespace("m", block_size=16), list(range(16 * 40)))
@@ -147,7 +147,7 @@ def big_pack(tmp_path, n=40, size=200_000):
 def reader_kind(request, monkeypatch):
     """Each disk stream test runs with the C reader (no GIL) and with the pure-Python fallback."""
     from everybyte.formats import cpu_kernels
-    from everybyte.kv.tiers import disk, reader
+    from everybyte.kv.data.tiers import disk, reader
     if request.param == "c" and not cpu_kernels.available():
         pytest.skip(f"C kernels unavailable: {cpu_kernels.error()}")
     if request.param == "python":
@@ -197,7 +197,7 @@ def test_disk_stream_closed_early_and_a_short_pack_is_a_miss_from_where_it_ends(
 
 
 def test_read_plan_groups_frames_and_places_them_in_a_ring():
-    from everybyte.kv.tiers.reader import plan
+    from everybyte.kv.data.tiers.reader import plan
     frames = [(i, 3) for i in range(5)]
     pieces, size = plan(frames, 100, 6, slots=2)
     assert [([i for i, _ in g], start, n) for g, start, n, _ in pieces] == [([0, 1], 0, 6), ([2, 3], 6, 6), ([4], 12, 3)]

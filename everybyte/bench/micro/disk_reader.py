@@ -18,8 +18,8 @@ import torch
 
 from everybyte.bench import report
 from everybyte.bench.micro.memory_tiers import _DiskRead
-from everybyte.kv.tiers import reader
-from everybyte.kv.tiers.disk import READ_SIZE, RING_SLOTS, STREAM_BYTES
+from everybyte.kv.data.tiers import reader
+from everybyte.kv.data.tiers.disk import READ_SIZE, RING_SLOTS, STREAM_BYTES
 
 
 def ring_read(path: str, progress) -> float:

@@ -7,8 +7,11 @@ import sys
 
 sys.modules["torch"] = None                 # any `import torch` below raises ImportError
 
+from everybyte.engine.core import EngineCore  # noqa: E402
 from everybyte.engine.sampling_params import SamplingParams  # noqa: E402
+from everybyte.engine.scheduler import Scheduler  # noqa: E402
 from everybyte.engine.sequence import Sequence  # noqa: E402
+from everybyte.kv.block_manager import BlockManager  # noqa: E402
 from everybyte.sim.executor import CostExecutor  # noqa: E402
 from everybyte.sim.worker import SimPool, SimWorker, WorkerSpec  # noqa: E402
 
@@ -41,6 +44,13 @@ def main():
     turn2 = prompt + out1.token_ids + [7, 8, 9, 10]
     out2 = core.run_to_completion([core.add(seq("turn2", turn2, "agent"))])[0]
     a = core.add(seq("aborted", list(range(300, 330))))
+    rejected = []                                   # core.add runs the engine-side request checks itself
+    small = EngineCore(Scheduler(BlockManager(2, BLOCK), max_model_len=64, clock=clock), ex, clock)
+    for target, bad in ((core, seq("aborted", [1, 2, 3])), (small, seq("huge", prompt))):
+        try:
+            target.add(bad)
+        except ValueError as e:
+            rejected.append(str(e))
     core.step()
     aborted = core.abort(a)
     others = core.run_to_completion([core.add(seq(f"r{i}", list(range(200 + i, 230 + i)))) for i in range(3)])
@@ -51,7 +61,7 @@ def main():
         "parked_blocks": parked["blocks"], "resume_loading": loading,
         "aborted_finish": aborted.finish_reason if aborted else None,
         "others_finish": [o.finish_reason for o in others], "others_len": [len(o.token_ids) for o in others],
-        "released": ex.released, "requests_left": len(core.requests),
+        "released": ex.released, "requests_left": len(core.requests), "rejected": rejected,
         "elapsed": clock.monotonic() - t0, "executor_s": ex.busy_s, "load_wait_s": mover.waited,
         "steps": ex.steps, "mover_stored": mover.stored,
         "mover_loaded": mover.loaded, "g1": mem["g1"], "prefill": mem["prefill_tokens"],

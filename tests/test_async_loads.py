@@ -77,7 +77,7 @@ def test_block_failing_mid_load_recomputes_from_there(loaded, reference, tmp_pat
     llm = LLM(loaded, kv_tiers=f"disk:{tmp_path}:64MiB", **ENGINE)
     prompt = SYSTEM + "Task: add a --verbose flag to the CLI and document it."
     in_g2_only(llm, prompt)
-    from everybyte.kv.tiers.disk import read_pack_table
+    from everybyte.kv.data.tiers.disk import read_pack_table
     (pack,) = tmp_path.rglob("*.kvp")
     names = llm.block_manager.names_of(llm.make_sequence(prompt, GREEDY))
     offset, size = read_pack_table(str(pack))[names[2]]

@@ -8,9 +8,9 @@ import torch
 
 from everybyte.kv.block_id import KVNamespace, chain_block_ids
 from everybyte.kv.data.pool import KVPool
-from everybyte.kv.tiers import CorruptBlock, DiskTier, FormatMismatch, HostTier, decode_block
-from everybyte.kv.tiers.disk import RING_SLOTS, STREAM_BYTES, read_pack_table
-from everybyte.kv.tiers.pool_codec import block_tensors, pool_codec
+from everybyte.kv.data.tiers import CorruptBlock, DiskTier, FormatMismatch, HostTier, decode_block
+from everybyte.kv.data.tiers.disk import RING_SLOTS, STREAM_BYTES, read_pack_table
+from everybyte.kv.data.tiers.pool_codec import block_tensors, pool_codec
 
 SHAPES = [(3, 64)] * 6
 NAMES = chain_block_ids(KVNamespace("m", block_size=16), list(range(16 * 40)))
@@ -146,10 +146,9 @@ def big_pack(tmp_path, n=40, size=200_000):
 @pytest.fixture(params=["c", "python"])
 def reader_kind(request, monkeypatch):
     """Each disk stream test runs with the C reader (no GIL) and with the pure-Python fallback."""
-    from everybyte.formats import cpu_kernels
-    from everybyte.kv.tiers import disk, reader
-    if request.param == "c" and not cpu_kernels.available():
-        pytest.skip(f"C kernels unavailable: {cpu_kernels.error()}")
+    from everybyte.kv.data.tiers import disk, reader, reader_native
+    if request.param == "c" and not reader_native.available():
+        pytest.skip(f"C disk reader unavailable: {reader_native.error()}")
     if request.param == "python":
         monkeypatch.setattr(disk, "new_progress", reader.Progress)
     return request.param
@@ -197,7 +196,7 @@ def test_disk_stream_closed_early_and_a_short_pack_is_a_miss_from_where_it_ends(
 
 
 def test_read_plan_groups_frames_and_places_them_in_a_ring():
-    from everybyte.kv.tiers.reader import plan
+    from everybyte.kv.data.tiers.reader import plan
     frames = [(i, 3) for i in range(5)]
     pieces, size = plan(frames, 100, 6, slots=2)
     assert [([i for i, _ in g], start, n) for g, start, n, _ in pieces] == [([0, 1], 0, 6), ([2, 3], 6, 6), ([4], 12, 3)]
@@ -244,6 +243,25 @@ def test_loader_scratch_is_one_reused_buffer_per_thread(monkeypatch):
     monkeypatch.setattr(block_loader, "SCRATCH_MAX", 20_000)
     c = job(30_000)                                      # past the cap: allocated, the buffer kept as is
     assert c.numel() == 30_000 and local.arena.numel() == 10_000
+
+
+def test_disk_reader_without_a_compiler_falls_back_to_python(monkeypatch, tmp_path):
+    """The C reader is its own library (native/csrc/disk_reader.c): where it cannot be built, a
+    warning says why and the disk tier reads through the Python Progress, with the same bytes."""
+    from everybyte.kv.data.tiers import reader, reader_native
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("EVERYBYTE_HOME", str(tmp_path))
+    reader_native._loaded.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match="C disk reader unavailable"):
+            assert not reader_native.available()
+        assert "no-such-cc" in reader_native.error() and type(reader.new_progress()) is reader.Progress
+        disk = DiskTier(tmp_path / "g3", 1 << 30)
+        batch = torch.randint(0, 256, (3, 5000), dtype=torch.uint8, generator=torch.Generator().manual_seed(5))
+        assert disk.put_many(NAMES[:3], batch) == [True] * 3
+        assert sorted(checked_stream(disk.get_stream(NAMES[:3]), batch)) == [0, 1, 2]
+    finally:
+        reader_native._loaded.cache_clear()                 # later tests build the real one
 
 
 @pytest.mark.parametrize("dst_offset", [0, 8])

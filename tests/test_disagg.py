@@ -14,7 +14,7 @@ import pytest
 import zmq
 from serve_fixtures import Server
 
-from everybyte.kv.tiers.base import FRAME
+from everybyte.kv.tiers.frame import FRAME
 
 ENGINE = ["--kv-cache", "16MiB", "--max-model-len", "512", "--max-num-seqs", "4", "--kv-tiers", "none"]
 BLOCK = 16

@@ -29,6 +29,12 @@ def test_requests_finish_and_leave_the_executor(report):
     assert report["requests_left"] == 0
 
 
+def test_add_rejects_a_used_id_and_a_request_the_pool_cannot_hold(report):
+    used, huge = report["rejected"]
+    assert "request_id 'aborted' is already in use" in used
+    assert "more than the whole pool" in huge
+
+
 def test_park_resume_moves_the_session_through_the_mover(report):
     assert report["parked_blocks"]["G2"] == 6 and report["parked_blocks"]["G1"] == 0
     assert report["resume_loading"] == 6 and report["prestaged"] == 6

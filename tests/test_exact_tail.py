@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from everybyte import LLM, SamplingParams
-from everybyte.engine.exact_tail import ExactTail
+from everybyte.engine.exact_tail import ExactTail, NoExactTail, exact_tail_for
 from everybyte.engine.sequence import Sequence
 from everybyte.kv.block_id import chain_block_ids
 from everybyte.kv.block_manager import BlockManager
@@ -137,3 +137,20 @@ def test_a_hit_ending_mid_span_restarts_at_the_span_and_keeps_the_stored_block(m
     assert again.num_cached_tokens == 32 and again.token_ids == reference
     assert all(torch.equal(a, b) for a, b in zip(before, snapshot()))
     assert llm.stats()["memory"]["prefill_tokens"]["reused"] == {"G1": 32}
+
+
+def test_the_lever_follows_the_pool_format():
+    """exact_tail_for: exact tails for a lossy pool with the lever on, else the pool only; the
+    model runner and the memory manager see either through the same small interface."""
+    lossy, exact = (KVPool([(2, 16)] * 2, fmt, "1MiB", block_size=4) for fmt in ("nvfp4", "fp32"))
+    tail = exact_tail_for(lossy, torch.float32, "cpu")
+    assert isinstance(tail, ExactTail) and tail.restart_blocks == 2 and tail.layer(1) == (tail.k[1], tail.v[1])
+    seqs = [Sequence(list(range(5))) for _ in range(9)]             # more than the 8 slots it starts with
+    for i, seq in enumerate(seqs):
+        seq.block_table = [2 * i, 2 * i + 1]
+    slots, grown = tail.begin_step(seqs)
+    assert grown and len(set(slots)) == 9 and tail.begin_step(seqs) == (slots, False)
+    for none in (exact_tail_for(lossy, torch.float32, "cpu", enabled=False),
+                 exact_tail_for(exact, torch.float32, "cpu")):
+        assert isinstance(none, NoExactTail) and none.restart_blocks == 1
+        assert none.layer(0) == (None, None) and none.begin_step(seqs) == (None, False)

@@ -14,7 +14,7 @@ from everybyte.kv.connector import RemoteBlocks, TransferFailed, TransferParams,
 from everybyte.kv.data.connectors.wire import BAD_REQUEST, PROTOCOL
 from everybyte.kv.data.connectors.zmq_client import ZmqConnector
 from everybyte.kv.data.connectors.zmq_server import BlockServer
-from everybyte.kv.tiers.base import frame_header
+from everybyte.kv.tiers.frame import frame_header
 from everybyte.models.loader import load_model
 
 DIGEST, OTHER = bytes(range(16)), bytes(16)

@@ -37,10 +37,11 @@ def test_stored_removed_cleared():
     assert log.drain().events == []
 
 
-CONTROL_PLANE = ["everybyte.kv.block_id", "everybyte.kv.prefix_cache", "everybyte.kv.eviction",
-                 "everybyte.kv.sessions", "everybyte.kv.ledger", "everybyte.kv.events", "everybyte.kv.clock",
-                 "everybyte.kv.mover", "everybyte.kv.connector", "everybyte.kv.block_manager",
-                 "everybyte.engine.scheduler", "everybyte.engine.core", "everybyte.formats.sizes",
+CONTROL_PLANE = ["everybyte.kv.block_id", "everybyte.kv.prefix_cache", "everybyte.kv.prefix_sessions",
+                 "everybyte.kv.eviction", "everybyte.kv.sessions", "everybyte.kv.ledger", "everybyte.kv.events",
+                 "everybyte.kv.clock", "everybyte.kv.mover", "everybyte.kv.connector", "everybyte.kv.block_manager",
+                 "everybyte.kv.seq_state", "everybyte.kv.session_ops", "everybyte.kv.memory_manager",
+                 "everybyte.kv.tier_movement", "everybyte.engine.scheduler", "everybyte.engine.core", "everybyte.formats.sizes",
                  "everybyte.sim.hardware", "everybyte.sim.cost_model", "everybyte.sim.models",
                  "everybyte.sim.calibration"]
 # = pyproject [tool.mypy] files: the strictly typed, torch-free modules
@@ -104,9 +105,9 @@ def test_engine_events_carry_tokens_parents_and_tier_moves():
 def test_tier_events_report_each_medium(redis_server):
     """TierSet reports what enters and leaves each tier: G1 evictions stored in G2, what G2 evicts,
     write-through to the pod-shared G3.5, what Redis evicts to fit, and deletions."""
+    from everybyte.kv.data.tiers.host import HostTier
+    from everybyte.kv.data.tiers.redis_store import RedisTier
     from everybyte.kv.tier_movement import TierSet
-    from everybyte.kv.tiers.host import HostTier
-    from everybyte.kv.tiers.redis_store import RedisTier
     one = 256
     names = chain_block_ids(NS, list(range(16)))
     datas = [bytes([i]) * one for i in range(4)]

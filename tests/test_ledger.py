@@ -3,9 +3,9 @@ import json
 import pytest
 
 from everybyte.kv.block_id import KVNamespace, chain_block_ids
+from everybyte.kv.data.tiers import DiskTier, HostTier
 from everybyte.kv.ledger import G1_CATEGORIES, ByteLedger, waste_bytes
 from everybyte.kv.prefix_cache import PrefixCache
-from everybyte.kv.tiers import DiskTier, HostTier
 
 NS = KVNamespace("m", block_size=4)
 

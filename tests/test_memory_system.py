@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from everybyte import LLM, SamplingParams
-from everybyte.kv.tiers.disk import read_pack_table
+from everybyte.kv.data.tiers.disk import read_pack_table
 from everybyte.models.loader import load_model
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)

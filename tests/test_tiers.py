@@ -2,6 +2,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,7 +10,7 @@ import torch
 from everybyte.kv.block_id import KVNamespace, chain_block_ids
 from everybyte.kv.data.pool import KVPool
 from everybyte.kv.data.tier_config import build_tiers, load_beats_recompute, measure_load_bandwidth, parse_kv_tiers
-from everybyte.kv.tiers import (
+from everybyte.kv.data.tiers import (
     CorruptBlock,
     DiskTier,
     FormatMismatch,
@@ -20,9 +21,9 @@ from everybyte.kv.tiers import (
     encode_pool_block,
     load_pool_block,
 )
-from everybyte.kv.tiers.base import FRAME
-from everybyte.kv.tiers.codec import peek_header
-from everybyte.kv.tiers.pool_codec import block_tensors
+from everybyte.kv.data.tiers.codec import peek_header
+from everybyte.kv.data.tiers.pool_codec import block_tensors
+from everybyte.kv.tiers.frame import FRAME
 
 LAYERS = 30
 NAMES = chain_block_ids(KVNamespace("m", block_size=4), list(range(4 * 64)))
@@ -212,7 +213,7 @@ def test_shared_dir_capacity(tmp_path):
 
 # ---- redis ---------------------------------------------------------------------------------
 def test_redis_round_trip_two_clients_and_capacity(redis_server):
-    from everybyte.kv.tiers import RedisTier
+    from everybyte.kv.data.tiers import RedisTier
     one = encoded(0).numel() + FRAME.size
     a = RedisTier(redis_server.url, 3 * one, prefix="t1:")
     b = RedisTier(redis_server.url, 3 * one, prefix="t1:")       # another process of the pod
@@ -236,10 +237,10 @@ def test_redis_round_trip_two_clients_and_capacity(redis_server):
 
 
 def test_redis_block_from_another_process(redis_server, tmp_path):
-    from everybyte.kv.tiers import RedisTier
+    from everybyte.kv.data.tiers import RedisTier
     path = tmp_path / "block.bin"
     path.write_bytes(bytes(encoded(4).numpy()))
-    code = ("import sys; from everybyte.kv.tiers import RedisTier\n"
+    code = ("import sys; from everybyte.kv.data.tiers import RedisTier\n"
             "t = RedisTier(sys.argv[1], 1 << 30, prefix='pod:')\n"
             "assert t.put(bytes.fromhex(sys.argv[2]), open(sys.argv[3], 'rb').read())\n")
     subprocess.run([sys.executable, "-c", code, redis_server.url, NAMES[4].hex(), str(path)], check=True)
@@ -248,7 +249,7 @@ def test_redis_block_from_another_process(redis_server, tmp_path):
 
 
 def test_redis_ttl(redis_server):
-    from everybyte.kv.tiers import RedisTier
+    from everybyte.kv.data.tiers import RedisTier
     t = RedisTier(redis_server.url, 1 << 30, prefix="ttl:", ttl_s=1)
     t.put(NAMES[0], encoded(0))
     assert t.r.ttl(t.key(NAMES[0])) in (1, 0, -2)          # set (-1: no TTL); -2: already expired
@@ -258,7 +259,7 @@ def test_redis_ttl(redis_server):
 
 
 def test_redis_down_is_a_miss_then_reconnects(redis_server, caplog):
-    from everybyte.kv.tiers import RedisTier
+    from everybyte.kv.data.tiers import RedisTier
     t = RedisTier(redis_server.url, 1 << 30, prefix="down:", retry_s=0.2, timeout_s=30)   # a stopped server refuses at once
     assert t.put(NAMES[0], encoded(0))
     redis_server.stop()                                      # the server dies mid-run
@@ -304,8 +305,16 @@ def test_build_tiers_and_bandwidth_probe(tmp_path):
 
 
 def test_tier_bookkeeping_imports_without_torch():
-    """kv/tiers loads its names lazily: tier movement bookkeeping and the tier base need no torch."""
+    """kv/tiers holds only the TierBackend interface: tier movement bookkeeping, the tier base and
+    the memory manager over them load with torch blocked, and none of the backends comes along."""
     code = ("import sys; sys.modules['torch'] = None\n"
             "import everybyte.kv.tier_movement, everybyte.kv.tiers.base, everybyte.kv.tiers\n"
-            "assert 'everybyte.kv.tiers.disk' not in sys.modules")
+            "import everybyte.kv.memory_manager, everybyte.kv.data.tiers\n"
+            "assert not [m for m in sys.modules if m.startswith('everybyte.kv.data.tiers.')]")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    root = Path(__file__).parents[1]
+    control = sorted(p.relative_to(root).with_suffix("").as_posix().replace("/", ".")
+                     for p in (root / "everybyte/kv").rglob("*.py") if "data" not in p.parts and p.stem != "__init__")
+    assert "everybyte.kv.tiers.base" in control and "everybyte.kv.memory_manager" in control
+    code = f"import sys; sys.modules['torch'] = None; import {', '.join(control)}"    # every kv/ module but kv/data
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -83,7 +83,7 @@ def command(model: str, port: int, *, n_ctx: int, threads: int, parallel: int,
     """
     exe = binary()
     if exe is None:
-        from everybyte.bench.compare import PeerError
+        from everybyte.bench.servers import PeerError
         raise PeerError(f"peer llamaserver: {missing()[0]} not found; build it with: {INSTALL}")
     h = help_text(exe)
     slots = max(int(parallel), 1)

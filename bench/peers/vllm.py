@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from everybyte.bench.compare import PeerError
+from everybyte.bench.servers import PeerError
 from everybyte.engine.config import default_dtype
 from everybyte.models.default_model import everybyte_home
 

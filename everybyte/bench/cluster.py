@@ -24,9 +24,9 @@ import uuid
 
 import httpx
 
-from everybyte.bench.compare import PeerError, ServerProcess, free_port
 from everybyte.bench.replay.backend import parse_prometheus
 from everybyte.bench.report import emit
+from everybyte.bench.servers import PeerError, ServerProcess, free_port
 
 PROG = "everybyte bench cluster"
 POLICIES = ("round-robin", "random", "least-loaded", "session", "kv", "kv+disagg")

@@ -10,131 +10,19 @@ Unknown options go to the agentic replay as they are (trace, scaling, SLO flags)
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
-from pathlib import Path
 
-import httpx
-
+from everybyte.bench.compare_table import EVERYBYTE, assemble, server_entry, table
 from everybyte.bench.report import emit
+from everybyte.bench.servers import PEERS_DIR, PeerError, ServerProcess, free_port, load_peer, threading_main
 
 PROG = "everybyte bench compare"
-PEERS_DIR = Path(__file__).resolve().parents[2] / "bench" / "peers"
-EVERYBYTE = "everybyte"
-
-# (summary key, label, higher_is_better; None: a count, no direction)
-METRICS = [
-    ("output_tok_s", "output tok/s", True),
-    ("total_tok_s", "total tok/s", True),
-    ("goodput_tok_s", "goodput tok/s", True),
-    ("ttft_p50_s", "TTFT p50 (s)", False),
-    ("ttft_p90_s", "TTFT p90 (s)", False),
-    ("ttft_p99_s", "TTFT p99 (s)", False),
-    ("tpot_p50_s", "TPOT p50 (s)", False),
-    ("tok_s_per_user_p50", "tok/s/user p50", True),
-    ("e2e_p50_s", "end-to-end p50 (s)", False),
-    ("prefix_hit_rate", "prefix hit rate", True),
-    ("slo_met_fraction", "SLO met fraction", True),
-    ("turns_ok", "turns ok", None),
-    ("errors", "errors", False),
-    ("output_tokens", "output tokens", None),
-    ("prompt_tokens", "prompt tokens", None),
-    ("window_s", "window (s)", None),
-]
-
-
-class PeerError(Exception):
-    """A peer cannot be used (not installed, failed to start); the message says what to do."""
-
-
-def load_peer(name: str, peers_dir: Path | None = None):
-    """bench/peers/NAME.py as a module; PeerError when it is unknown or not installed (its missing() names
-    what is absent: Python modules, an interpreter, a binary)."""
-    peers_dir = Path(peers_dir or PEERS_DIR)
-    path = Path(peers_dir) / f"{name}.py"
-    if not path.is_file():
-        known = sorted(p.stem for p in Path(peers_dir).glob("*.py") if not p.stem.startswith("_"))
-        raise PeerError(f"unknown peer {name!r} (no {path}); known peers: {', '.join(known) or 'none'}")
-    spec = importlib.util.spec_from_file_location(f"everybyte_peer_{name}", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    gone = mod.missing()
-    if gone:
-        raise PeerError(f"peer {name} ({mod.NAME}) is not installed: {', '.join(gone)} not found. "
-                        f"Install it once with:\n    {mod.INSTALL}\n({mod.INSTALL_NOTE})")
-    return mod
-
-
-def threading_main() -> bool:
-    import threading
-    return threading.current_thread() is threading.main_thread()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ServerProcess:
-    """A server started as a subprocess, its log in a file; ready when GET /v1/models answers 200."""
-
-    def __init__(self, name: str, cmd: list[str], port: int, log_path: str, env: dict | None = None):
-        self.name, self.cmd, self.port, self.log_path = name, cmd, port, log_path
-        self.url = f"http://127.0.0.1:{port}"
-        self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
-
-    def wait_ready(self, timeout_s: float) -> float:
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout_s:
-            if self.proc.poll() is not None:
-                raise PeerError(f"{self.name} server exited with code {self.proc.returncode} before it was "
-                                f"ready; log {self.log_path}:\n{self.log_tail()}")
-            try:
-                if httpx.get(self.url + "/v1/models", timeout=2.0).status_code == 200:
-                    return time.monotonic() - t0
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise PeerError(f"{self.name} server not ready after {timeout_s:.0f}s; log {self.log_path}:\n"
-                        f"{self.log_tail()}")
-
-    def log_tail(self, n: int = 20) -> str:
-        try:
-            return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM to the server's process group (its own session: engine subprocesses included), SIGKILL
-        to what is left after timeout_s."""
-        if self.proc.poll() is None:
-            self._signal_group(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                pass
-        self._signal_group(signal.SIGKILL)
-        self.proc.wait()
-        self._log.close()
-
-    def _signal_group(self, sig) -> None:
-        try:
-            os.killpg(self.proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0],
@@ -163,84 +51,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _fmt(v) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return str(v)
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
-    return str(v)
-
-
-def _join(j) -> str:
-    if not isinstance(j, dict):
-        return _fmt(j)
-    methods = ", ".join(f"{k} x{v}" for k, v in (j.get("methods") or {}).items()) or "-"
-    rate = j.get("round_trip_rate")
-    return methods + (f" (round-trip rate {_fmt(rate)})" if rate is not None else "")
-
-
-def ratios(servers: dict, base: str = EVERYBYTE) -> dict:
-    """base / peer for every metric both have, per peer: {peer: {metric: ratio}}."""
-    out = {}
-    b = (servers.get(base) or {}).get("summary") or {}
-    for name, entry in servers.items():
-        if name == base:
-            continue
-        s = (entry or {}).get("summary") or {}
-        r = {}
-        for key, _, _ in METRICS:
-            x, y = b.get(key), s.get(key)
-            if isinstance(x, (int, float)) and isinstance(y, (int, float)) and y:
-                r[key] = x / y
-        out[name] = r
-    return out
-
-
-def table(servers: dict, rat: dict, base: str = EVERYBYTE) -> str:
-    names = list(servers)
-    peers = [n for n in names if n != base and n in rat]
-    head = ["metric"] + names + [f"{base} / {p}" for p in peers]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for key, label, higher in METRICS:
-        row = [label if higher is None else f"{label} ({'higher' if higher else 'lower'} is better)"]
-        row += [_fmt(((servers[n] or {}).get("summary") or {}).get(key)) for n in names]
-        row += [_fmt(rat[p].get(key)) for p in peers]
-        lines.append("| " + " | ".join(row) + " |")
-    extra = []
-    for n in names:
-        e = servers[n] or {}
-        if e.get("error"):
-            extra.append(f"- {n}: ERROR {e['error']}")
-        else:
-            extra.append(f"- {n}: prompts as {e.get('prompt_mode')}, output join {_join(e.get('output_join'))}, "
-                         f"output length = max_tokens on {_fmt(e.get('output_length_match'))} of ok turns")
-    return "\n".join(lines + [""] + extra) + "\n"
-
-
-def server_entry(result: dict) -> dict:
-    """The part of an agentic result the comparison keeps for one server."""
-    a = result.get("assumptions") or {}
-    tok = a.get("tokens") or {}
-    turns = [t for t in result.get("turns") or [] if t.get("ok") and not t.get("warmup")]
-    match = (sum(1 for t in turns if t.get("completion_tokens") == t.get("max_tokens")) / len(turns)
-             if turns else None)
-    return {"summary": result.get("summary") or {}, "prompt_mode": tok.get("prompt_mode"),
-            "output_join": tok.get("output_join"), "output_length_match": match,
-            "target": a.get("target"), "scaling": a.get("scaling"), "run": result.get("run")}
-
-
-def assemble(servers: dict, assumptions: dict) -> dict:
-    rat = ratios(servers)
-    return {"benchmark": "compare", "servers": servers,
-            "ratios": {**rat, "rule": f"{EVERYBYTE} value / peer value; for throughput, hit rate and tok/s/user "
-                                      f"above 1 favours {EVERYBYTE}, for latencies below 1 does"},
-            "assumptions": assumptions}
-
-
 def _replay(name: str, url: str, args, rest: list[str], marker: str, flags: str, work: str) -> dict:
     json_path = os.path.join(work, f"{name}.agentic.json")
     cmd = [sys.executable, "-m", "everybyte.cli", "bench", "agentic", "--endpoint", url,
@@ -267,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = build_parser().parse_known_args(argv)
     names = [n.strip() for n in args.peers.split(",") if n.strip()]
     try:
-        peers = {n: load_peer(n) for n in names}
+        peers = {n: load_peer(n, PEERS_DIR) for n in names}
     except PeerError as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2

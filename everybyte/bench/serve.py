@@ -14,8 +14,8 @@ import subprocess
 import sys
 import time
 
-from everybyte.bench.compare import free_port
 from everybyte.bench.report import emit, environment
+from everybyte.bench.servers import free_port
 
 
 def _prompts(n: int) -> list[str]:

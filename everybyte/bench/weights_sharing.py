@@ -19,8 +19,8 @@ from pathlib import Path
 
 import httpx
 
-from everybyte.bench.compare import ServerProcess, free_port
 from everybyte.bench.report import emit, environment
+from everybyte.bench.servers import ServerProcess, free_port
 
 
 def smaps(pid: int, file: str) -> dict:

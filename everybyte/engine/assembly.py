@@ -90,10 +90,9 @@ def _block_manager(loaded: LoadedModel, cfg: EngineConfig, pool: KVPool, runner:
     revision = f"{mc.revision}|weights={loaded.weights_format}|dtype={str(cfg.dtype)}"
     ns = KVNamespace.for_pool(pool, mc.model_id, revision)
     tiers = TierSet(build_tiers(cfg.kv_tiers or "none", pin_memory=str(cfg.device).startswith("cuda")))
-    tail = runner.exact_tail          # reuse restarts where its exact span starts
     return KVMemoryManager(pool, ns, tiers, offload_on_park=cfg.offload_on_park,
                            load_timeout_s=cfg.kv_load_timeout_s,
-                           restart_blocks=tail.span // tail.block_size if tail else 1,
+                           restart_blocks=runner.exact_tail.restart_blocks,   # where an exact span starts
                            max_sessions=cfg.max_sessions, session_idle_s=cfg.session_idle_s, clock=clock)
 
 

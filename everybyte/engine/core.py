@@ -78,10 +78,16 @@ class EngineCore:
         self.observers: list[Callable[[SchedulerOutput, StepResult | None], None]] = []
 
     # ---- requests -------------------------------------------------------------------------
-    def add(self, seq: Sequence, stop: StopChecker | None = None) -> str:
+    def check(self, seq: Sequence) -> None:
+        """The engine-side checks of a request (ValueError): its id is free and the whole pool
+        could hold it. add() runs them; a caller admitting a batch all-or-none (LLMEngine) or
+        answering before it streams runs them first."""
         if seq.request_id in self.requests:
             raise ValueError(f"request_id {seq.request_id!r} is already in use")
         self.scheduler.check(seq)
+
+    def add(self, seq: Sequence, stop: StopChecker | None = None) -> str:
+        self.check(seq)
         self.requests[seq.request_id] = CoreRequest(seq, stop or _NoText())
         self.scheduler.add(seq)
         return seq.request_id

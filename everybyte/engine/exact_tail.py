@@ -14,6 +14,12 @@ The slots live here, one per running sequence, in the compute dtype, in the pool
 (re)starts at a span boundary (the memory manager rounds prefix hits and tier loads down to
 whole spans), so a slot only has to survive between the sequence's own steps; if it was lost,
 the span's earlier tokens are copied from the pool (the quantized values) so the step still runs.
+
+What the rest of the engine sees is one small interface, which NoExactTail (lossless KV, or the
+lever off) also implements: `restart_blocks` (the memory manager restarts reuse there), `layer(i)`
+(the tail stores of layer i for its LayerKVCache), `begin_step(seqs)` (each sequence's slot for
+the AttentionMetadata, and whether the stores grew so the caches must be rebuilt) and
+`end_step(seqs, num_new_tokens)`. `exact_tail_for` picks one from the pool's format.
 """
 from __future__ import annotations
 
@@ -22,6 +28,25 @@ from collections import OrderedDict
 import torch
 
 SPAN_BLOCKS = 2
+
+
+class NoExactTail:
+    """Every query reads its whole context from the pool."""
+    restart_blocks = 1
+
+    def layer(self, i: int) -> tuple[None, None]:
+        return None, None
+
+    def begin_step(self, seqs) -> tuple[None, bool]:
+        return None, False
+
+    def end_step(self, seqs, num_new_tokens) -> None:
+        pass
+
+
+def exact_tail_for(pool, dtype: torch.dtype, device, enabled: bool = True) -> ExactTail | NoExactTail:
+    """The lever for this pool: exact tails when its format is lossy and the lever is on."""
+    return ExactTail(pool, dtype, device) if enabled and pool.fmt.lossy else NoExactTail()
 
 
 class ExactTail:
@@ -42,6 +67,22 @@ class ExactTail:
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+    @property
+    def restart_blocks(self) -> int:
+        return self.span // self.block_size
+
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k[i], self.v[i]
+
+    def begin_step(self, seqs) -> tuple[list[int], bool]:
+        """(the batch's slots in order, whether the stores grew: their tensors are new)."""
+        capacity = self.capacity
+        slots = self.assign(seqs, {seq.seq_id for seq in seqs})
+        return slots, self.capacity != capacity
+
+    def end_step(self, seqs, num_new_tokens) -> None:
+        self.advance(seqs, num_new_tokens)
 
     def _grow(self, capacity: int) -> None:
         old = len(self.k) and self.capacity

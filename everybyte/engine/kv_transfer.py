@@ -14,8 +14,9 @@ import logging
 
 from everybyte.kv.block_id import chain_block_ids
 from everybyte.kv.connector import RemoteBlocks, TransferParams, TransferRefused, transfer_kind
+from everybyte.kv.data.tiers.buffers import as_bytes_view
 from everybyte.kv.memory_manager import KVMemoryManager
-from everybyte.kv.tiers.base import as_bytes_view, frame_header
+from everybyte.kv.tiers.frame import frame_header
 
 log = logging.getLogger(__name__)
 ROLES = ("both", "prefill", "decode")

@@ -75,11 +75,9 @@ class LLMEngine:
             raise ValueError(f"prompt has {len(ids)} tokens, more than max_model_len {self.max_model_len} "
                              f"(the model's context)")
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
-        if rid in self.requests:
-            raise ValueError(f"request_id {rid!r} is already in use")
         seq = Sequence(ids, params, rid, text, arrival_time=self.clock.time())
         seq.session_id, seq.cache_salt = session_id, cache_salt
-        self.scheduler.check(seq)
+        self.core.check(seq)               # before anything is queued: a batch is admitted all or none
         if kv_transfer_params is not None:
             if self.kv_transfer is None:
                 raise ValueError("kv_transfer_params need the memory system (prefix caching on)")

@@ -5,7 +5,7 @@ from contextlib import contextmanager
 
 import torch
 
-from everybyte.engine.exact_tail import ExactTail
+from everybyte.engine.exact_tail import exact_tail_for
 from everybyte.engine.sampler import Sampler, SamplerOutput, SamplingTensors
 from everybyte.engine.sequence import Sequence
 from everybyte.kv.data.pool import KVPool, min_pool_bytes
@@ -77,15 +77,14 @@ class ModelRunner:
         self.device = next(model.parameters()).device
         self.vocab_size = model.config.vocab_size
         self.sampler = sampler or Sampler()
-        self.exact_tail = (ExactTail(pool, next(model.parameters()).dtype, self.device)
-                           if exact_tail and pool.fmt.lossy else None)
+        self.exact_tail = exact_tail_for(pool, next(model.parameters()).dtype, self.device, exact_tail)
         self.kv_caches: list[LayerKVCache] = []
         self.refresh_caches()
 
     def refresh_caches(self) -> None:
-        p, t = self.pool, self.exact_tail
+        p = self.pool
         self.kv_caches = [LayerKVCache(p.fmt, p.k[i], p.v[i], p.k_scales[i], p.v_scales[i], p.block_size,
-                                       t and t.k[i], t and t.v[i])
+                                       *self.exact_tail.layer(i))
                           for i in range(p.num_layers)]
 
     def prepare(self, seqs: list[Sequence], num_new_tokens: list[int]):
@@ -106,12 +105,9 @@ class ModelRunner:
         max_blocks = max(len(seq.block_table) for seq in seqs)
         tables = [seq.block_table + [0] * (max_blocks - len(seq.block_table)) for seq in seqs]
         as_long = lambda x: torch.tensor(x, dtype=torch.long, device=self.device)
-        tail_slots = None
-        if self.exact_tail is not None:
-            capacity = self.exact_tail.capacity
-            tail_slots = self.exact_tail.assign(seqs, {seq.seq_id for seq in seqs})
-            if self.exact_tail.capacity != capacity:
-                self.refresh_caches()
+        tail_slots, grown = self.exact_tail.begin_step(seqs)
+        if grown:
+            self.refresh_caches()
         meta = AttentionMetadata(slot_mapping=as_long(slots), query_lens=list(num_new_tokens),
                                  context_lens=context_lens, block_tables=as_long(tables), tail_slots=tail_slots)
         return as_long(input_ids), as_long(positions), meta
@@ -123,8 +119,7 @@ class ModelRunner:
         default all rows), "all" (every new token) or "none"."""
         input_ids, positions, meta = self.prepare(seqs, num_new_tokens)
         hidden = self.model(input_ids, positions, meta, self.kv_caches)
-        if self.exact_tail is not None:
-            self.exact_tail.advance(seqs, num_new_tokens)
+        self.exact_tail.end_step(seqs, num_new_tokens)
         if logits == "none":
             return None
         if logits == "all":

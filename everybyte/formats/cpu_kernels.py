@@ -10,9 +10,6 @@ is False when that fails (a warning says why); callers then use the reference.
 from __future__ import annotations
 
 import ctypes
-import errno
-import os
-import warnings
 
 import torch
 
@@ -27,26 +24,22 @@ _error: str | None = None
 _e4m3: torch.Tensor | None = None
 
 
+def _build() -> ctypes.CDLL:
+    global _e4m3
+    lib = loader.load("nvfp4", loader.csrc(*SOURCES), flags=FLAGS)
+    for name in ("init_tables", "quantize_f32", "quantize_bf16", "dequantize_f32", "dequantize_bf16",
+                 "kv_write", "kv_gather", "copy_chunks"):
+        getattr(lib, name).restype = None
+    lib.absmax_f32.restype = lib.absmax_bf16.restype = ctypes.c_uint32
+    lib.init_tables()
+    _e4m3 = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float()
+    return lib
+
+
 def _load() -> ctypes.CDLL | None:
-    global _lib, _error, _e4m3
-    if _lib is not None or _error is not None:
-        return _lib
-    try:
-        lib = loader.load("nvfp4", loader.csrc(*SOURCES), flags=FLAGS)
-        for name in ("init_tables", "quantize_f32", "quantize_bf16", "dequantize_f32", "dequantize_bf16",
-                     "kv_write", "kv_gather", "copy_chunks"):
-            getattr(lib, name).restype = None
-        lib.absmax_f32.restype = lib.absmax_bf16.restype = ctypes.c_uint32
-        lib.progress_new.restype = ctypes.c_void_p
-        for name in ("progress_free", "progress_wait", "progress_release", "progress_stop", "progress_end",
-                     "read_pieces"):
-            getattr(lib, name).restype = None
-        lib.init_tables()
-        _e4m3 = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float()
-        _lib = lib
-    except Exception as e:  # noqa: BLE001 - any failure means: use the reference path
-        _error = f"{type(e).__name__}: {e}"
-        warnings.warn(f"everybyte NVFP4 CPU kernels unavailable, using the torch reference ({_error})")
+    global _lib, _error
+    if _lib is None and _error is None:
+        _lib, _error = loader.try_build("NVFP4 CPU kernels", "the torch reference", _build)
     return _lib
 
 
@@ -187,47 +180,3 @@ def copy_chunks(dst: torch.Tensor, src: torch.Tensor) -> bool:
     lib.copy_chunks(_ptr(dst), i64(dst.stride(0)), i64(dst.stride(1)), _ptr(src), i64(src.stride(0)),
                     i64(src.stride(1)), i64(rows), i64(n), i64(chunk), _threads(rows * n * chunk, 1 << 20))
     return True
-
-
-class ReadProgress:
-    """A ranged read's progress kept in C (see read_pieces): waits, releases and the reads all run
-    without the GIL. Freed when the last Python reference (consumer's or reader's) goes."""
-
-    def __init__(self):
-        self._lib = _require()
-        self.handle = ctypes.c_void_p(self._lib.progress_new())
-        if not self.handle.value:
-            raise MemoryError("progress_new")
-
-    def wait_for(self, nbytes: int) -> tuple[int, bool, Exception | None]:
-        out = (ctypes.c_int64 * 3)()
-        self._lib.progress_wait(self.handle, ctypes.c_int64(nbytes), out)
-        return out[0], bool(out[1]), OSError(out[2], os.strerror(out[2])) if out[2] else None
-
-    def release(self, nbytes: int) -> None:
-        self._lib.progress_release(self.handle, ctypes.c_int64(nbytes))
-
-    def stop(self) -> None:
-        self._lib.progress_stop(self.handle)
-
-    def end(self, got: int = 0, err: int = 0) -> None:
-        self._lib.progress_end(self.handle, ctypes.c_int64(got), ctypes.c_int(err))
-
-    def read(self, fd: int, pieces: list[tuple[int, int, int, int]], buf: memoryview, chunk: int) -> None:
-        """Read pieces [(file offset, offset in buf, length, bytes released first)] into buf; the
-        progress ends however this returns (an error before the reads: EIO)."""
-        try:
-            if any(at < 0 or n < 0 or at + n > len(buf) for _, at, n, _ in pieces):
-                raise ValueError("a piece lies outside the buffer")
-            flat = (ctypes.c_int64 * (4 * len(pieces)))(*(x for piece in pieces for x in piece))
-            arr = (ctypes.c_char * len(buf)).from_buffer(buf)
-        except BaseException:
-            self.end(0, errno.EIO)
-            raise
-        self._lib.read_pieces(ctypes.c_int(fd), flat, ctypes.c_int64(len(pieces)), arr, ctypes.c_int64(chunk),
-                              self.handle)
-
-    def __del__(self):
-        if getattr(self, "handle", None) and self.handle.value:
-            self._lib.progress_free(self.handle)
-            self.handle = None

@@ -7,7 +7,7 @@ local tiers, before the pod-shared one), so the block loader fetches and loads t
 loads a G2/G3 block: the request waits LOADING, others keep stepping, and a block that does not
 come (peer gone, timeout), comes corrupt or under another namespace is recomputed from there on.
 
-A `KVConnector` carries blocks in their stored format (kv/tiers/codec.py, an NVFP4 block at
+A `KVConnector` carries blocks in their stored format (kv/data/tiers/codec.py, an NVFP4 block at
 4.5 bits a value), each in the tiers' frame (magic, length, xxh3 checksum); RemoteBlocks checks
 every frame and the peer's namespace digest. Implementations live in kv/data/connectors/.
 """
@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Protocol
 
 from everybyte.kv.block_id import NAME_BYTES
-from everybyte.kv.tiers.base import TierBackend, log, unframe
+from everybyte.kv.tiers.base import TierBackend, log
+from everybyte.kv.tiers.frame import unframe
 
 REMOTE_LEVEL = "remote"
 EXPECT_TTL_S = 120.0

@@ -13,26 +13,26 @@ the first tier as one buffer.
 """
 from __future__ import annotations
 
-import logging
+from typing import Any, Callable
 
 from everybyte.kv.block_id import KVNamespace, chain_block_ids
 from everybyte.kv.block_manager import BlockManager
 from everybyte.kv.clock import SYSTEM, Clock
-from everybyte.kv.events import EventLog
+from everybyte.kv.events import EventLog, KVEvent
 from everybyte.kv.ledger import ByteLedger, waste_bytes
 from everybyte.kv.mover import KVMover, PoolGeometry, pool_mover
 from everybyte.kv.prefix_cache import PrefixCache
+from everybyte.kv.seq_state import KVSequence, PendingLoad, SeqKV
+from everybyte.kv.session_ops import SessionOps
 from everybyte.kv.sessions import SessionTable
 from everybyte.kv.tier_movement import TierSet
 
-log = logging.getLogger(__name__)
 
-
-class KVMemoryManager(BlockManager):
+class KVMemoryManager(SessionOps, BlockManager[KVSequence]):
     def __init__(self, pool: PoolGeometry, namespace: KVNamespace, tiers: TierSet | None = None,
                  ledger: ByteLedger | None = None, offload_on_park: bool = True, load_timeout_s: float = 10.0,
                  restart_blocks: int = 1, max_sessions: int = 10000, session_idle_s: float = 3600.0,
-                 clock: Clock = SYSTEM, mover: KVMover | None = None):
+                 clock: Clock = SYSTEM, mover: KVMover | None = None) -> None:
         """mover: the KV data plane (default the real one for a KVPool: codec + block loader)."""
         super().__init__(pool.num_blocks, pool.block_size)
         self.restart_blocks = restart_blocks      # a reusing sequence computes from a multiple of this
@@ -45,12 +45,9 @@ class KVMemoryManager(BlockManager):
         self.cache = PrefixCache(pool.num_blocks, on_evict=self._write_down, block_size=pool.block_size)
         self.sessions = SessionTable(max_sessions, session_idle_s, clock.time)
         self.offload_on_park = offload_on_park
-        self._names: dict[int, list[bytes]] = {}      # seq_id -> names of its full blocks
-        self._committed: dict[int, int] = {}          # seq_id -> blocks already committed
-        self.running: dict[int, object] = {}          # seq_id -> sequence holding blocks
+        self.seqs: dict[int, SeqKV] = {}              # seq_id -> its KV state (from its first lookup)
         self.query_tokens = self.hit_tokens = 0       # prompt tokens looked up / found in any tier
         self.mover = mover or pool_mover(pool, self.tiers, load_timeout_s, clock)
-        self.loading: dict[int, tuple] = {}           # seq_id -> (seq, jobs, G1 hits, tier per hit, first admission)
         self._loaded_from: dict[int, str] = {}        # G1 block -> tier a job loaded it from, until reused
         self._evicting: list[tuple[int, bytes]] = []  # evicted blocks to write down in one batch
 
@@ -63,28 +60,39 @@ class KVMemoryManager(BlockManager):
     def num_used_blocks(self) -> int:
         return self.cache.num_used_blocks
 
-    def names_of(self, seq) -> list[bytes]:
-        known = self._names.setdefault(seq.seq_id, [])
+    @property
+    def loading(self) -> dict[int, SeqKV]:
+        """The sequences waiting (out of compute) for tier loads."""
+        return {i: st for i, st in self.seqs.items() if st.load is not None}
+
+    def _state(self, seq: KVSequence) -> SeqKV:
+        st = self.seqs.get(seq.seq_id)
+        if st is None:
+            st = self.seqs[seq.seq_id] = SeqKV(seq)
+        return st
+
+    def names_of(self, seq: KVSequence) -> list[bytes]:
+        known = self._state(seq).names
         if (len(seq) // self.block_size) > len(known):
-            ns = self.ns.with_tenant(seq.cache_salt) if getattr(seq, "cache_salt", None) else self.ns
+            ns = self.ns.with_tenant(seq.cache_salt) if seq.cache_salt else self.ns
             known += chain_block_ids(ns, seq.token_ids, self.block_size, parent=known[-1] if known else None,
                                      start_block=len(known))
         return known
 
-    def _reusable(self, seq) -> list[bytes]:
+    def _reusable(self, seq: KVSequence) -> list[bytes]:
         # a full-prompt hit keeps its last block to recompute, so the last token yields logits
         return self.names_of(seq)[:(len(seq) - 1) // self.block_size]
 
-    def can_allocate(self, seq) -> bool:
+    def can_allocate(self, seq: KVSequence) -> bool:
         names = self._reusable(seq)
         hits = self.cache.lookup(names)
         held = sum(self.cache.ref_count(b) == 0 for b in hits)   # evictable now, pinned once reused
         loading = len(self.mover.in_flight(names[len(hits):]))
         return self.blocks_for(len(seq)) - len(hits) - loading <= self.num_free_blocks - held
 
-    def allocate(self, seq) -> None:
+    def allocate(self, seq: KVSequence) -> None:
         assert not seq.block_table, "sequence already holds blocks"
-        sid = getattr(seq, "session_id", None)
+        sid = seq.session_id
         if sid is not None:
             self.sessions.touch(sid)
             self.cache.unpark(sid)
@@ -104,18 +112,20 @@ class KVMemoryManager(BlockManager):
             self.cache.share(fresh[:n])
             jobs.add(self.mover.start(names[known:known + n], fresh[:n], sid))
         first = seq.metrics.first_scheduled_time is None        # first admission, not a preemption's
-        self.running[seq.seq_id] = seq
+        st = self._state(seq)
+        st.holds_blocks = True
         if jobs:
             seq.num_computed_tokens, seq.kv_stored_until = len(hits) * self.block_size, 0
-            self._committed[seq.seq_id] = len(hits)
-            self.loading[seq.seq_id] = (seq, jobs, len(hits), levels, first)
+            st.committed = len(hits)
+            st.load = PendingLoad(jobs, len(hits), levels, first)
         else:
-            self._admit(seq, len(hits), levels, first)
+            self._admit(st, len(hits), levels, first)
 
-    def _admit(self, seq, ready: int, levels: list[str], first: bool) -> None:
+    def _admit(self, st: SeqKV, ready: int, levels: list[str], first: bool) -> None:
         """The first `ready` blocks of the sequence hold its KV (levels: the tier each came from):
         compute from the last multiple of restart_blocks at or below it. The blocks in between
         are recomputed for the exact tail only; their pool bytes stay (kv_stored_until)."""
+        seq = st.seq
         keep = ready - ready % self.restart_blocks
         seq.kv_stored_until = ready * self.block_size
         seq.num_computed_tokens = keep * self.block_size
@@ -123,15 +133,16 @@ class KVMemoryManager(BlockManager):
             seq.num_cached_tokens = seq.num_computed_tokens
         self.query_tokens += len(seq)
         self.hit_tokens += seq.num_computed_tokens
-        self._committed[seq.seq_id] = ready
+        st.committed = ready
         reused: dict[str, int] = {}
         for level in levels[:keep]:
             reused[level] = reused.get(level, 0) + self.block_size
         self.ledger.record_prefill(0, reused)
 
     # ---- loads in flight ---------------------------------------------------------------------
-    def is_loading(self, seq) -> bool:
-        return seq.seq_id in self.loading
+    def is_loading(self, seq: KVSequence) -> bool:
+        st = self.seqs.get(seq.seq_id)
+        return st is not None and st.load is not None
 
     def record_prefill(self, tokens: int, seconds: float) -> None:
         """Prompt tokens computed (vs reused), and the prefill speed that decides whether loading
@@ -147,10 +158,10 @@ class KVMemoryManager(BlockManager):
     def wait_loads(self, timeout: float) -> bool:
         return self.mover.wait(timeout)
 
-    def poll_loads(self) -> list:
+    def poll_loads(self) -> list[KVSequence]:
         """Collect finished loads (name their blocks); returns the sequences now ready to compute."""
         for job in self.mover.finished():
-            where = {b: (s, i) for s, *_ in self.loading.values() for i, b in enumerate(s.block_table)}
+            where = {b: (st.seq, i) for st in self.loading.values() for i, b in enumerate(st.seq.block_table)}
             for i, level in enumerate(job.loaded):
                 b = job.blocks[i]
                 origin = self._origin(*where[b]) if b in where else {"parent": job.names[i - 1] if i else None}
@@ -164,63 +175,64 @@ class KVMemoryManager(BlockManager):
                     self.ledger.count("prestaged", len(job.loaded))
             self.cache.free(job.blocks)                       # the job's own references
         ready = []
-        for seq_id, (seq, jobs, n, levels, first) in list(self.loading.items()):
-            if not all(job.finished for job in jobs):
+        for st in list(self.seqs.values()):
+            load = st.load
+            if load is None or not all(job.finished for job in load.jobs):
                 continue
-            del self.loading[seq_id]
-            names, table = self._reusable(seq), seq.block_table
+            st.load = None
+            n, levels = load.ready, load.levels
+            names, table = self._reusable(st.seq), st.seq.block_table
             while n < len(names) and self.cache.name_of(table[n]) == names[n]:
                 levels.append(self._loaded_from.pop(table[n], "G1"))
                 n += 1
-            self._admit(seq, n, levels, first)
-            ready.append(seq)
+            self._admit(st, n, levels, load.first)
+            ready.append(st.seq)
         return ready
 
-    def may_append(self, seq) -> None:
+    def may_append(self, seq: KVSequence) -> None:
         self._commit(seq)
         need = self.blocks_for(len(seq)) - len(seq.block_table)
         if need > 0:
             seq.block_table += self._fresh(need)
 
-    def can_append(self, seq) -> bool:
+    def can_append(self, seq: KVSequence) -> bool:
         return self.blocks_for(len(seq)) - len(seq.block_table) <= self.num_free_blocks
 
-    def deallocate(self, seq) -> None:
-        self.loading.pop(seq.seq_id, None)      # its jobs run on; they hold their own references
+    def deallocate(self, seq: KVSequence) -> None:
+        self._state(seq).load = None            # its jobs run on; they hold their own references
         self._commit(seq)
-        sid = getattr(seq, "session_id", None)
+        sid = seq.session_id
         if sid is not None and sid in self.sessions:
             n = seq.num_computed_tokens // self.block_size
             self.sessions.record_context(sid, seq.num_computed_tokens, self.names_of(seq)[:n])
         self.cache.free(seq.block_table)
-        self._names.pop(seq.seq_id, None)
-        self._committed.pop(seq.seq_id, None)
-        self.running.pop(seq.seq_id, None)
+        self.seqs.pop(seq.seq_id, None)
         seq.block_table, seq.num_computed_tokens, seq.kv_stored_until = [], 0, 0
 
-    def _commit(self, seq) -> None:
+    def _commit(self, seq: KVSequence) -> None:
         """Name every full block whose KV is computed; new names are written through to the
         shared tiers so other nodes can reuse them."""
-        done = self._committed.get(seq.seq_id, 0)
+        st = self._state(seq)
+        done = st.committed
         full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
         if full <= done:
             return
         names = self.names_of(seq)
-        sid = getattr(seq, "session_id", None)
         new = [i for i in range(done, full)
-               if self.cache.commit(seq.block_table[i], names[i], sid, **self._origin(seq, i)) == seq.block_table[i]]
+               if self.cache.commit(seq.block_table[i], names[i], seq.session_id, **self._origin(seq, i))
+               == seq.block_table[i]]
         if new and self.tiers.write_through:
             ids, new_names = [seq.block_table[i] for i in new], [names[i] for i in new]
             self.tiers.write_through_blocks(new_names, self.mover.store(ids, new_names))
-        self._committed[seq.seq_id] = full
+        st.committed = full
 
-    def _origin(self, seq, i: int) -> dict:
+    def _origin(self, seq: KVSequence, i: int) -> dict[str, Any]:
         """Block i's parent name and tokens, for its BlockStored event."""
         names, bs = self.names_of(seq), self.block_size
         return {"parent": names[i - 1] if i else None, "token_ids": seq.token_ids[i * bs:(i + 1) * bs]}
 
     # ---- tiers -------------------------------------------------------------------------------
-    def _write_down(self, block_id: int, name: bytes) -> None:
+    def _write_down(self, block_id: int, name: bytes | None) -> None:
         """PrefixCache.on_evict: the block's bytes are intact until _flush() stores the batch."""
         self._loaded_from.pop(block_id, None)
         if name is not None and self.tiers.first is not None and not self.tiers.first.contains(name):
@@ -248,70 +260,8 @@ class KVMemoryManager(BlockManager):
         self._flush()
         return n
 
-    # ---- sessions ----------------------------------------------------------------------------
-    def park(self, session_id: str, expected_gap_s: float | None = None) -> int:
-        """The agent is in a tool call: its blocks go first when G1 needs room, and leave the
-        device now (written down to G2) when a lower tier exists. Returns blocks offloaded."""
-        s = self.sessions.park(session_id, expected_gap_s)     # checks both before changing anything
-        blocks = self.cache.park(session_id, s.expected_return)
-        self.ledger.count("parked", len(blocks))
-        if not (self.offload_on_park and self.tiers.first is not None):
-            return 0
-        evictable = [b for b, _ in blocks if self.cache.ref_count(b) == 0]
-        n = len(self.cache.evict_blocks(evictable))
-        self._flush()
-        return n
-
-    def resume(self, session_id: str) -> int:
-        """Start prestaging the session's context back into G1 ahead of its next turn; returns at
-        once with the number of blocks being loaded (session_info shows them as "loading")."""
-        self.sessions.get(session_id)                        # an unknown session is a KeyError
-        s = self.sessions.touch(session_id)
-        self.cache.unpark(session_id)
-        self.expire_sessions(keep=session_id)
-        hits = self.cache.acquire(s.names, session_id)     # pinned while blocks for the rest are taken
-        start = len(hits) + len(self.mover.in_flight(s.names[len(hits):]))
-        missing = s.names[start:]
-        n = min(self.tiers.may_hold(missing), self.cache.num_free_blocks)   # may evict idle blocks
-        blocks = self._fresh(n)
-        self.cache.free(hits)
-        if n:
-            self.mover.start(missing[:n], blocks, session_id, prestage=True)
-        return n
-
-    def drop(self, session_id: str) -> None:
-        """Forget the session and free the blocks only it needed, in every tier. A block that
-        another session's context, a running request or a load in flight still references
-        stays (a common system prompt outlives any one session)."""
-        s = self.sessions.pop(session_id)
-        in_use = set(self.mover.inflight)
-        for names in self._names.values():
-            in_use.update(names)
-
-        def needed(name: bytes) -> bool:
-            return name in in_use or self.sessions.held(name)
-
-        names = set(self.cache.drop(session_id, keep=needed)) | {n for n in s.names if not needed(n)}
-        self.tiers.delete_everywhere(names)
-        self.ledger.count("dropped", len(names))
-
-    def expire_sessions(self, keep: str | None = None) -> None:
-        """Drop sessions idle past the timeout or beyond the count limit (least recently active first)."""
-        for sid in self.sessions.over_limits(keep):
-            log.info("session %r expired", sid)
-            self.drop(sid)
-
-    def session_info(self, session_id: str) -> dict:
-        s = self.sessions.get(session_id)
-        g1 = sum(self.cache.block_of(n) is not None for n in s.names)
-        loading = sum(n in self.mover.inflight for n in s.names)
-        blocks = {"G1": g1, "loading": loading, **self.tiers.count_present(s.names)}
-        return {"state": s.state, "tokens": s.num_tokens, "blocks": blocks,
-                "bytes": {k: v * self.pool.bytes_per_block for k, v in blocks.items()},
-                "expected_return": s.expected_return}
-
     # ---- reporting ---------------------------------------------------------------------------
-    def kv_events(self, listener=None) -> EventLog:
+    def kv_events(self, listener: Callable[[KVEvent], None] | None = None) -> EventLog:
         """Start recording the KV events (kv/events) of the G1 prefix cache and of every tier,
         stamped with this worker's namespace digest; a publisher drains the returned log (or
         passes a listener)."""
@@ -320,13 +270,14 @@ class KVMemoryManager(BlockManager):
         self.tiers.block_size = self.block_size
         return log
 
-    def stats(self, weights_bytes: int) -> dict:
+    def stats(self, weights_bytes: int) -> dict[str, Any]:
         self.ledger.weights_bytes = weights_bytes
-        waste = waste_bytes(self.running.values(), self.block_size, self.pool.bytes_per_token)
+        holding = [st.seq for st in self.seqs.values() if st.holds_blocks]
+        waste = waste_bytes(holding, self.block_size, self.pool.bytes_per_token)
         padding = max(self.pool.budget_bytes - self.pool.nbytes, 0)
         self.ledger.update_g1_from_cache(self.cache, waste, padding)
         self.ledger.sample()
-        d = self.ledger.to_dict()
+        d: dict[str, Any] = dict(self.ledger.to_dict())
         d["sessions"] = self.sessions.counts()
         d["prefix_cache"] = {**self.cache.stats, "query_tokens": self.query_tokens, "hit_tokens": self.hit_tokens}
         d["kv_namespace"] = self.ns.digest.hex()       # equal digests: the same bytes for the same tokens

@@ -17,7 +17,8 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from typing import Callable
+from concurrent.futures import Future
+from typing import Any, Callable, Collection, Iterator, Sequence
 
 from everybyte.kv.events import BlockRemoved, BlockStored, KVEvent
 from everybyte.kv.tiers.base import TierBackend, io_executor
@@ -25,6 +26,11 @@ from everybyte.kv.tiers.base import TierBackend, io_executor
 log = logging.getLogger(__name__)
 SHARED_LEVELS = ("G3.5",)
 REMOTE_LEVELS = ("remote",)
+# an encoded block as the backends hold it (bytes-like, or a uint8 tensor on the data side): this
+# module only passes it on, so it stays opaque here
+Block = Any
+Scratch = Callable[..., Any] | None            # TierBackend.get_stream's buffer provider
+Arrivals = Iterator[tuple[TierBackend, list[tuple[int, Block | None]]]]
 
 
 class TierSet:
@@ -49,7 +55,7 @@ class TierSet:
         self.bytes_per_token = 0
         self._recent_puts: OrderedDict[bytes, None] = OrderedDict()
         self._during_put = threading.local()          # removals a put causes, reported after it
-        self._pending: list = []
+        self._pending: list[Future[list[bool]]] = []
 
     def __len__(self) -> int:
         return len(self.tiers)
@@ -99,7 +105,7 @@ class TierSet:
             out.append(tier)
         return out
 
-    def stream(self, found: list[TierBackend], names: list[bytes], scratch=None):
+    def stream(self, found: list[TierBackend], names: list[bytes], scratch: Scratch = None) -> Arrivals:
         """Get the located blocks, one get_stream per tier: yields (tier, [(index, buffer or None)])
         as they arrive (read into scratch, see TierBackend.get_stream); a tier failing mid-read
         answers None for the rest of its blocks. The time
@@ -111,9 +117,9 @@ class TierSet:
             else:
                 yield from self._tier_stream(tier, idx, names, scratch)
 
-    def _remote_stream(self, tier: TierBackend, idx: list[int], names: list[bytes], scratch):
+    def _remote_stream(self, tier: TierBackend, idx: list[int], names: list[bytes], scratch: Scratch) -> Arrivals:
         """A remote source's blocks; those it did not deliver come from a shared tier holding them."""
-        missed = []
+        missed: list[int] = []
         for _, batch in self._tier_stream(tier, idx, names, scratch):
             missed += [i for i, b in batch if b is None]
             if got := [(i, b) for i, b in batch if b is not None]:
@@ -128,8 +134,9 @@ class TierSet:
         if missed:
             yield tier, [(i, None) for i in missed]
 
-    def _tier_stream(self, tier: TierBackend, idx: list[int], names: list[bytes], scratch):
-        answered, nbytes, busy = set(), 0, 0.0
+    def _tier_stream(self, tier: TierBackend, idx: list[int], names: list[bytes], scratch: Scratch) -> Arrivals:
+        answered: set[int] = set()
+        nbytes, busy = 0, 0.0
         reads = tier.get_stream([names[i] for i in idx], scratch)
         try:
             while True:
@@ -159,11 +166,12 @@ class TierSet:
         else:
             self.on_event(event)
 
-    def _put(self, tier: TierBackend, names: list[bytes], datas) -> list[bool]:
+    def _put(self, tier: TierBackend, names: list[bytes], datas: Sequence[Block]) -> list[bool]:
         """tier.put_many, reported as a BlockStored and then the removals the put caused (a put
         may evict blocks of its own batch), so a subscriber that applies them in order ends with
         what the tier holds."""
-        self._during_put.events = deferred = []
+        deferred: list[KVEvent] = []
+        self._during_put.events = deferred
         try:
             ok = tier.put_many(names, datas)
         finally:
@@ -173,21 +181,22 @@ class TierSet:
             self._report(event)
         return ok
 
-    def _put_async(self, tier: TierBackend, names: list[bytes], datas):
+    def _put_async(self, tier: TierBackend, names: list[bytes], datas: Sequence[Block]) -> Future[list[bool]]:
         return io_executor().submit(self._put, tier, names, datas)
 
-    def _spill(self, upper: TierBackend, lower: TierBackend | None, names: list[bytes], datas) -> None:
+    def _spill(self, upper: TierBackend, lower: TierBackend | None, names: Sequence[bytes],
+               datas: Sequence[Block]) -> None:
         """A tier evicted a batch: it leaves that tier, and goes one local tier down if any."""
         self._report(BlockRemoved(list(names), medium=upper.level))
         if lower is not None:
             self._put_async(lower, list(names), datas)
 
-    def put_down(self, names: list[bytes], datas) -> None:
+    def put_down(self, names: list[bytes], datas: Sequence[Block]) -> None:
         """Store blocks evicted from G1 in the first tier (synchronously: one batch)."""
         if self.first is not None:
             self._put(self.first, names, datas)
 
-    def write_through_blocks(self, names: list[bytes], datas) -> None:
+    def write_through_blocks(self, names: list[bytes], datas: Sequence[Block]) -> None:
         """Put newly computed blocks (rows of datas) to the shared tiers, asynchronously."""
         keep = [i for i, n in enumerate(names) if n not in self._recent_puts]
         for i in keep:
@@ -199,7 +208,7 @@ class TierSet:
             for t in self.write_through:
                 self._pending.append(self._put_async(t, [names[i] for i in keep], [datas[i] for i in keep]))
 
-    def pending_writes(self) -> list:
+    def pending_writes(self) -> list[Future[list[bool]]]:
         """Write-through puts still in flight (futures; safe to read from another thread)."""
         return [f for f in list(self._pending) if not f.done()]
 
@@ -212,7 +221,7 @@ class TierSet:
                 log.warning("write-through failed: %r", e)
         self._pending = []
 
-    def delete_everywhere(self, names) -> None:
+    def delete_everywhere(self, names: Collection[bytes]) -> None:
         for t in self.tiers:
             gone = [n for n in names if t.delete(n)]
             self._report(BlockRemoved(gone, medium=t.level))
@@ -222,9 +231,9 @@ class TierSet:
     def count_present(self, names: list[bytes]) -> dict[str, int]:
         return {t.level: sum(t.contains_many(names)) for t in self.tiers}
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, dict[str, Any]]:
         return {t.level: {**t.describe(), "load_bytes_per_s": self.bandwidth.get(t.level)} for t in self.tiers}
 
 
-def _nbytes(buf) -> int:
+def _nbytes(buf: Block) -> int:
     return buf.numel() * buf.element_size() if hasattr(buf, "numel") else len(buf)

@@ -5,7 +5,6 @@ callers then take their torch reference paths."""
 from __future__ import annotations
 
 import ctypes
-import warnings
 
 import torch
 
@@ -42,11 +41,7 @@ def build(flags: list[str] | None = None) -> ctypes.CDLL:
 def lib() -> ctypes.CDLL | None:
     global _lib, _error
     if _lib is None and _error is None:
-        try:
-            _lib = build()
-        except Exception as e:  # noqa: BLE001 - any failure means: the torch reference paths
-            _error = f"{type(e).__name__}: {e}"
-            warnings.warn(f"everybyte model C kernels unavailable, using the torch reference ({_error})")
+        _lib, _error = loader.try_build("model C kernels", "the torch reference", build)
     return _lib
 
 

@@ -16,7 +16,9 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import warnings
 from pathlib import Path
+from typing import Callable
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC", "-Wno-psabi"]
@@ -76,3 +78,13 @@ def load(name: str, source: str, flags: list[str] | None = None) -> ctypes.CDLL:
 def csrc(*files: str) -> str:
     """The text of csrc/FILE... joined, as one translation unit."""
     return "\n".join((CSRC / f).read_text() for f in files)
+
+
+def try_build(what: str, fallback: str, build: Callable[[], ctypes.CDLL]) -> tuple[ctypes.CDLL | None, str | None]:
+    """(build(), None), or (None, why) with a warning that callers use `fallback` instead of `what`."""
+    try:
+        return build(), None
+    except Exception as e:  # noqa: BLE001 - any failure means: the fallback
+        why = f"{type(e).__name__}: {e}"
+        warnings.warn(f"everybyte {what} unavailable, using {fallback} ({why})")
+        return None, why

@@ -18,8 +18,8 @@ import torch
 
 from everybyte.bench import report
 from everybyte.bench.micro.memory_tiers import _DiskRead
-from everybyte.kv.tiers import reader
-from everybyte.kv.tiers.disk import READ_SIZE, RING_SLOTS, STREAM_BYTES
+from everybyte.kv.data.tiers import reader, reader_native
+from everybyte.kv.data.tiers.disk import READ_SIZE, RING_SLOTS, STREAM_BYTES
 
 
 def ring_read(path: str, progress) -> float:
@@ -48,8 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.mib <= 0 or args.reps < 1:
         p.error("--mib must be > 0 and --reps >= 1")
     kinds = {"python": reader.Progress}
-    if reader.cpu_kernels.available():
-        kinds["c"] = reader.cpu_kernels.ReadProgress
+    if reader_native.available():
+        kinds["c"] = reader_native.ReadProgress
     out = {"file_bytes": int(args.mib * 2**20), "reps": args.reps, "runs": {}, "environment": report.environment()}
     with tempfile.TemporaryDirectory() as root:
         plain = _DiskRead(root, out["file_bytes"], READ_SIZE)

@@ -24,10 +24,10 @@ from typing import Hashable
 import torch
 
 from everybyte.kv.clock import SYSTEM, Clock
+from everybyte.kv.data.tiers.pool_codec import pool_codec
 from everybyte.kv.mover import LoadJob
 from everybyte.kv.tier_movement import TierSet
 from everybyte.kv.tiers.base import job_executor
-from everybyte.kv.tiers.pool_codec import pool_codec
 
 log = logging.getLogger(__name__)
 SCRATCH_MAX = 64 << 20            # a disk read asks for a few MiB (see DiskTier._read_frames)

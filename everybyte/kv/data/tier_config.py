@@ -19,7 +19,8 @@ from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 import torch
 
 from everybyte.kv.data.pool import parse_size
-from everybyte.kv.tiers.base import TierBackend, as_uint8_tensor
+from everybyte.kv.data.tiers.buffers import as_uint8_tensor
+from everybyte.kv.tiers.base import TierBackend
 
 DEFAULT_KV_TIERS = "host:1GiB"
 LEVELS = {"host": "G2", "disk": "G3", "redis": "G3.5", "shared": "G3.5", "cold": "G4"}
@@ -100,7 +101,7 @@ def parse_kv_tiers(spec: str | None = DEFAULT_KV_TIERS) -> list[TierSpec]:
 
 
 def build_tier(ts: TierSpec, pin_memory: bool | None = None) -> TierBackend:
-    from everybyte.kv.tiers import DiskTier, HostTier, RedisTier, SharedDirTier
+    from everybyte.kv.data.tiers import DiskTier, HostTier, RedisTier, SharedDirTier
     if ts.kind == "host":
         return HostTier(ts.capacity_bytes, pin_memory=pin_memory)
     if ts.kind == "disk":

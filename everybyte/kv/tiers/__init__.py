@@ -1,22 +1,5 @@
-"""Tiers below the device (G2 host, G3 disk, G3.5 Redis or shared dir, G4 shared dir) and the
-block codec they all store. Names load on first use (PEP 562), so importing one tier module, or
-the bookkeeping that only needs `base` (kv/tier_movement), does not import the others, torch or
-redis-py."""
-from importlib import import_module
+"""A tier below the device as the KV control plane sees it: the TierBackend interface (kv/tiers/base).
+It imports no torch; the backends that move the bytes are KV data (kv/data/tiers/)."""
+from everybyte.kv.tiers.base import TierBackend, TierStats, io_executor, job_executor
 
-_WHERE = {
-    "TierBackend": "base", "TierStats": "base", "io_executor": "base",
-    "CorruptBlock": "codec", "DecodedBlock": "codec", "FormatMismatch": "codec", "decode_block": "codec",
-    "encode_block": "codec",
-    "DiskTier": "disk", "HostTier": "host", "RedisTier": "redis_store", "SharedDirTier": "shared_dir",
-    "PoolCodec": "pool_codec", "encode_pool_block": "pool_codec", "load_pool_block": "pool_codec",
-}       # pool_codec() is not here: `pool_codec` names its module (from everybyte.kv.tiers.pool_codec import pool_codec)
-__all__ = list(_WHERE)
-
-
-def __getattr__(name: str):
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(f"{__name__}.{_WHERE[name]}"), name)
-    globals()[name] = value
-    return value
+__all__ = ["TierBackend", "TierStats", "io_executor", "job_executor"]

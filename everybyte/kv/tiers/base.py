@@ -6,28 +6,18 @@ move a batch at once (the host tier keeps a batch in one buffer, the disk tier i
 *_async variants run on small shared thread pools so the engine can overlap I/O with compute:
 io_executor for single reads and writes (they never wait on other tasks), job_executor for tasks
 that wait on io_executor tasks (batch reads, block loads).
-Backends that persist bytes (disk, shared dir, Redis) wrap each value in a frame with a checksum.
+The backends themselves (and the byte helpers they share) are KV data: kv/data/tiers/. This
+interface imports no torch, so the tier bookkeeping (kv/tier_movement) loads without it.
 """
 from __future__ import annotations
 
 import logging
-import struct
 import threading
-import warnings
 from abc import ABC, abstractmethod
-from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator
-
-import xxhash
-
-if TYPE_CHECKING:
-    import torch
+from typing import Callable, Iterable, Iterator
 
 log = logging.getLogger("everybyte.kv.tiers")
-
-FRAME = struct.Struct("<4s4xQQ")   # magic, padding (payloads stay 8-byte aligned), payload length, checksum
-FRAME_MAGIC = b"EBT2"
 
 _executors: dict[str, ThreadPoolExecutor] = {}
 _executor_lock = threading.Lock()
@@ -54,53 +44,6 @@ def parallel(fns: list[Callable]) -> list:
     return [fns[0]()] + [f.result() for f in futures] if fns else []
 
 
-def nbytes_of(data) -> int:
-    return data.numel() * data.element_size() if hasattr(data, "numel") else len(memoryview(data))
-
-
-def as_bytes_view(data) -> memoryview:
-    """A byte view of bytes/bytearray/memoryview or a CPU uint8 tensor, without copying."""
-    if hasattr(data, "numpy"):
-        return memoryview(data.detach().contiguous().numpy()).cast("B")
-    return memoryview(data).cast("B")
-
-
-def as_uint8_tensor(data) -> torch.Tensor:
-    """A 1-D uint8 CPU tensor over bytes-like data (no copy; read-only buffers are fine to read)."""
-    import torch
-    if isinstance(data, torch.Tensor):
-        if data.dtype != torch.uint8 or data.dim() != 1 or data.is_cuda:
-            raise TypeError("an encoded block tensor is 1-D uint8 on the CPU")
-        return data
-    if len(memoryview(data)) == 0:
-        return torch.empty(0, dtype=torch.uint8)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return torch.frombuffer(data, dtype=torch.uint8)
-
-
-def checksum(data) -> int:
-    """xxh3-64 of a byte view. It runs at ~23 GB/s here against zlib.crc32's ~3, which made the
-    checks a third of a disk tier load."""
-    return xxhash.xxh3_64_intdigest(data)
-
-
-def frame_header(payload: memoryview) -> bytes:
-    return FRAME.pack(FRAME_MAGIC, len(payload), checksum(payload))
-
-
-def unframe(buf) -> memoryview | None:
-    """The payload of a framed value, None when truncated or corrupt."""
-    mv = memoryview(buf).cast("B")
-    if len(mv) < FRAME.size:
-        return None
-    magic, n, crc = FRAME.unpack(mv[:FRAME.size])
-    payload = mv[FRAME.size:]
-    if magic != FRAME_MAGIC or n != len(payload) or checksum(payload) != crc:
-        return None
-    return payload
-
-
 class TierStats:
     FIELDS = ("hits", "misses", "puts", "rejected", "evictions", "deletes", "corrupt", "errors",
               "bytes_read", "bytes_written")
@@ -119,76 +62,6 @@ class TierStats:
     def to_dict(self) -> dict[str, int]:
         with self._lock:
             return dict(self.counts)
-
-
-class Unit:
-    """Blocks written at once (one host buffer, one file): where each is, and the bytes they hold."""
-    __slots__ = ("blocks", "nbytes", "path")
-
-    def __init__(self, blocks: dict, nbytes: int, path: str | None = None):
-        self.blocks, self.nbytes, self.path = blocks, nbytes, path
-
-
-class UnitIndex:
-    """Blocks by name, LRU over units; a unit's bytes count until its last block is gone, and
-    eviction takes a whole unit (its blocks were written together, so are about as old)."""
-
-    def __init__(self):
-        self.lock = threading.RLock()
-        self.units: OrderedDict[Unit, None] = OrderedDict()
-        self.unit_of: dict[bytes, Unit] = {}
-        self.used = 0
-
-    def __len__(self) -> int:
-        return len(self.unit_of)
-
-    def __contains__(self, name) -> bool:
-        return name in self.unit_of
-
-    def add(self, unit: Unit) -> None:
-        with self.lock:
-            self.units[unit] = None
-            self.used += unit.nbytes
-            for name in unit.blocks:
-                self.remove(name)
-                self.unit_of[name] = unit
-
-    def find(self, name: bytes, touch: bool = True):
-        """(unit, where) or None."""
-        with self.lock:
-            unit = self.unit_of.get(name)
-            if unit is None:
-                return None
-            if touch:
-                self.units.move_to_end(unit)
-            return unit, unit.blocks[name]
-
-    def remove(self, name: bytes) -> Unit | None:
-        """Forget a block; returns its unit if that is now empty (its bytes are no longer counted)."""
-        with self.lock:
-            unit = self.unit_of.pop(name, None)
-            if unit is None:
-                return None
-            del unit.blocks[name]
-            if unit.blocks:
-                return None
-            self.units.pop(unit, None)
-            self.used -= unit.nbytes
-            return unit
-
-    def pop_lru(self) -> Unit | None:
-        with self.lock:
-            if not self.units:
-                return None
-            unit, _ = self.units.popitem(last=False)
-            self.used -= unit.nbytes
-            for name in unit.blocks:
-                self.unit_of.pop(name, None)
-            return unit
-
-    def names(self) -> list[bytes]:
-        with self.lock:
-            return [n for u in self.units for n in u.blocks]
 
 
 class TierBackend(ABC):

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import time
 
-from everybyte.kv.tiers.base import TierBackend, as_bytes_view, frame_header, log, unframe
+from everybyte.kv.data.tiers.buffers import as_bytes_view
+from everybyte.kv.tiers.base import TierBackend, log
+from everybyte.kv.tiers.frame import frame_header, unframe
 
 _PUT = """
 local key, lru, sizes, used = KEYS[1], KEYS[2], KEYS[3], KEYS[4]

@@ -16,8 +16,8 @@ import weakref
 import torch
 
 from everybyte.formats import cpu_kernels
-from everybyte.kv.tiers.base import as_uint8_tensor, checksum
-from everybyte.kv.tiers.codec import (
+from everybyte.kv.data.tiers.buffers import as_uint8_tensor
+from everybyte.kv.data.tiers.codec import (
     CHECKSUM,
     PREFIX,
     CorruptBlock,
@@ -27,6 +27,7 @@ from everybyte.kv.tiers.codec import (
     plan_segments,
     seal,
 )
+from everybyte.kv.tiers.frame import checksum
 
 _CODECS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 NAME = slice(PREFIX.size, PREFIX.size + 16)

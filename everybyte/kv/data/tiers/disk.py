@@ -10,31 +10,18 @@ block is a miss: counted, logged once, and forgotten. Eviction takes a whole fil
 from __future__ import annotations
 
 import os
-import struct
 import time
 import uuid
 
 import torch
 
-from everybyte.kv.tiers.base import (
-    FRAME,
-    TierBackend,
-    Unit,
-    UnitIndex,
-    as_bytes_view,
-    checksum,
-    frame_header,
-    io_executor,
-    parallel,
-    unframe,
-)
-from everybyte.kv.tiers.reader import new_progress, plan, read_into
+from everybyte.kv.data.tiers.buffers import as_bytes_view
+from everybyte.kv.data.tiers.disk_files import PACK_SUFFIX, SUFFIX, TMP_PREFIX, file_parts, read_pack_table
+from everybyte.kv.data.tiers.reader import new_progress, plan, read_into
+from everybyte.kv.data.tiers.units import Unit, UnitIndex
+from everybyte.kv.tiers.base import TierBackend, io_executor, parallel
+from everybyte.kv.tiers.frame import FRAME, unframe
 
-SUFFIX, PACK_SUFFIX = ".kvb", ".kvp"
-TMP_PREFIX = ".tmp-"
-PACK = struct.Struct("<4sIQ")          # magic, blocks, checksum of the table
-ENTRY = struct.Struct("<16sQQ")        # name, offset, framed size
-PACK_MAGIC = b"EBP2"
 READ_SIZE = 128 << 10                  # one read call: sequential calls keep the kernel reading ahead
 STREAM_BYTES = 1 << 20                 # frames handed on at a time while the rest of a range is read
 RING_SLOTS = 4                         # pieces of a long range in memory at once
@@ -91,20 +78,11 @@ class DiskTier(TierBackend):
         if not new:
             return [True] * len(names)
         if len(new) == 1:
-            name, payload = new[0]
-            path, parts = self.path(name), [frame_header(payload), payload]
-            blocks = {name: (0, FRAME.size + len(payload))}
+            path = self.path(new[0][0])
         else:
             h = uuid.uuid4().hex
             path = os.path.join(self.root, h[:2], h + PACK_SUFFIX)
-            off, blocks = PACK.size + ENTRY.size * len(new), {}
-            for name, payload in new:
-                blocks[name] = (off, FRAME.size + len(payload))
-                off += FRAME.size + len(payload)
-            table = b"".join(ENTRY.pack(n, o, s) for n, (o, s) in blocks.items())
-            parts = [PACK.pack(PACK_MAGIC, len(new), checksum(table)), table]
-            for _, payload in new:
-                parts += [frame_header(payload), payload]
+        parts, blocks = file_parts(new)
         size = sum(len(p) for p in parts)
         if size > self.capacity_bytes:
             self.stats.add("rejected", len(new))
@@ -312,15 +290,3 @@ class DiskTier(TierBackend):
     def __len__(self):
         return len(self._index)
 
-
-def read_pack_table(path: str) -> dict | None:
-    """A pack file's {name: (offset, framed size)}, None when its table is damaged."""
-    with open(path, "rb") as f:
-        head = f.read(PACK.size)
-        if len(head) < PACK.size:
-            return None
-        magic, count, crc = PACK.unpack(head)
-        table = f.read(ENTRY.size * count)
-    if magic != PACK_MAGIC or len(table) != ENTRY.size * count or checksum(table) != crc:
-        return None
-    return {n: (o, s) for n, o, s in ENTRY.iter_unpack(table)}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import time
 
-from everybyte.kv.tiers.disk import DiskTier
+from everybyte.kv.data.tiers.disk import DiskTier
 
 
 class SharedDirTier(DiskTier):

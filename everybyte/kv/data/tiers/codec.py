@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from everybyte.kv.tiers.base import as_uint8_tensor, checksum
+from everybyte.kv.data.tiers.buffers import as_uint8_tensor
+from everybyte.kv.tiers.frame import checksum
 
 MAGIC = b"EBKV"
 VERSION = 3

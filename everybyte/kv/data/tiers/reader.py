@@ -1,14 +1,14 @@
 """Sequential reads into a buffer that another thread consumes as they land: the reader runs
 on an I/O thread, reports how far it has come, waits before it reuses a part of the buffer the
 consumer has not released yet, and stops early when asked (so the buffer can be reused the
-moment stop() returns). With the C kernels (cpu_kernels.ReadProgress) all of it runs without
+moment stop() returns). With the C reader (reader_native.ReadProgress) all of it runs without
 the GIL; Progress is the pure-Python fallback with the same methods."""
 from __future__ import annotations
 
 import os
 import threading
 
-from everybyte.formats import cpu_kernels
+from everybyte.kv.data.tiers import reader_native
 
 
 class Progress:
@@ -94,8 +94,8 @@ def plan(frames: list[tuple[int, int]], off: int, piece_bytes: int, slots: int =
 
 
 def new_progress():
-    """The C progress when the kernels are built (reads and waits without the GIL), else Progress."""
-    return cpu_kernels.ReadProgress() if cpu_kernels.available() else Progress()
+    """The C progress when the C reader builds (reads and waits without the GIL), else Progress."""
+    return reader_native.ReadProgress() if reader_native.available() else Progress()
 
 
 def read_into(fd: int, mv: memoryview, pieces: list[tuple[int, int, int, int]], read_size: int, progress) -> None:

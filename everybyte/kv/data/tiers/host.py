@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from everybyte.kv.tiers.base import TierBackend, Unit, UnitIndex, as_uint8_tensor
+from everybyte.kv.data.tiers.buffers import as_uint8_tensor
+from everybyte.kv.data.tiers.units import Unit, UnitIndex
+from everybyte.kv.tiers.base import TierBackend
 
 
 class HostTier(TierBackend):

@@ -1,0 +1,108 @@
+"""The session side of the G1 prefix cache: which sessions (owners) use each named block, which
+are parked until when, and what parking, unparking and dropping a session does to its blocks'
+eviction class. A mixin of PrefixCache, which provides the state declared here."""
+from __future__ import annotations
+
+from collections import deque
+from typing import Callable, Hashable
+
+from everybyte.kv.eviction import EvictionPolicy, park_rank
+
+ANON = None   # owner of requests without a session
+
+
+class _Shared:
+    """Owner standing for "too many owners to track": such a block is never parked-only. An
+    object, not a string, so no client session id can ever be it."""
+
+    def __repr__(self) -> str:
+        return "SHARED"
+
+
+SHARED = _Shared()
+
+
+class PrefixSessions:
+    policy: EvictionPolicy
+    max_owners: int
+    ref: list[int]
+    names: list[bytes | None]
+    empty: deque[int]
+    owners: dict[int, set[Hashable]]                 # named block -> sessions (or ANON) using it
+    session_blocks: dict[Hashable, set[int]]
+    parked: dict[Hashable, float | None]             # session -> expected return (None: unknown)
+    _freed_at: list[int]                             # when each block was last freed (a tick)
+
+    def _cached_name(self, block_id: int) -> bytes:
+        raise NotImplementedError
+
+    def _forget(self, block_id: int) -> bytes | None:
+        raise NotImplementedError
+
+    def _own(self, block_id: int, owner: Hashable) -> None:
+        owners = self.owners.setdefault(block_id, set())
+        if owner in owners or SHARED in owners:
+            return
+        if len(owners) >= self.max_owners:
+            owner = SHARED
+        owners.add(owner)
+        if owner is not ANON and owner is not SHARED:
+            self.session_blocks.setdefault(owner, set()).add(block_id)
+        if owner in self.parked:
+            self._reclass(block_id)
+        else:
+            self.policy.unpark(block_id)
+
+    def _reclass(self, block_id: int) -> None:
+        """Parked class iff every owner is a parked session; rank = the earliest expected return."""
+        owners = self.owners.get(block_id, ())
+        if owners and all(o in self.parked for o in owners):
+            self.policy.set_parked(block_id, min(park_rank(self.parked[o]) for o in owners))
+        else:
+            self.policy.unpark(block_id)
+
+    def _session_order(self, session_id: Hashable) -> list[int]:
+        """The session's blocks in the order they were freed (keeps tails ahead of prefixes)."""
+        return sorted(self.session_blocks.get(session_id, ()), key=self._freed_at.__getitem__)
+
+    def park(self, session_id: Hashable, expected_return: float | None = None) -> list[tuple[int, bytes]]:
+        """The session is idle (a tool call) until about `expected_return` (a clock time; None =
+        unknown). Its private cached blocks become the first eviction candidates. Returns the
+        session's named device blocks (id, name), e.g. to write them down to G2 right away."""
+        if session_id is ANON or session_id is SHARED:
+            raise ValueError(f"cannot park session id {session_id!r}")
+        self.parked[session_id] = expected_return
+        blocks = self._session_order(session_id)
+        for b in blocks:
+            self._reclass(b)
+        return [(b, self._cached_name(b)) for b in blocks]
+
+    def unpark(self, session_id: Hashable) -> list[tuple[int, bytes]]:
+        """The session is back; its blocks return to ordinary order. Returns the device blocks it
+        moved back: none when the session was not parked (then none of its blocks is parked on
+        its account, and every admission of a session's turn calls this)."""
+        if session_id not in self.parked:
+            return []
+        del self.parked[session_id]
+        blocks = self._session_order(session_id)
+        for b in blocks:
+            self._reclass(b)
+        return [(b, self._cached_name(b)) for b in blocks]
+
+    def drop(self, session_id: Hashable, keep: Callable[[bytes], bool] | None = None) -> list[bytes]:
+        """Forget the session: blocks only it used, nobody holds and `keep(name)` does not claim
+        are emptied now; returns their names (the caller deletes them from lower tiers too)."""
+        self.parked.pop(session_id, None)
+        freed: list[bytes] = []
+        for b in sorted(self.session_blocks.pop(session_id, ())):
+            owners = self.owners.get(b, set())
+            owners.discard(session_id)
+            name = self.names[b]
+            if not owners and self.ref[b] == 0 and name is not None and not (keep is not None and keep(name)):
+                self.policy.remove(b)
+                self._forget(b)
+                freed.append(name)
+                self.empty.append(b)
+            else:
+                self._reclass(b)
+        return freed

@@ -69,6 +69,12 @@ class ExpertLoad:
             raise ValueError(f"layer {layer_idx}: expert ids outside [0, {self.num_experts})")
         self.current[self.row[layer_idx]] += torch.bincount(flat, minlength=self.num_experts)
 
+    def add(self, counts: torch.Tensor) -> None:
+        """Add counts [L, E] already tallied (a recorded step) to the open step."""
+        if tuple(counts.shape) != tuple(self.current.shape):
+            raise ValueError(f"counts of shape {tuple(counts.shape)}; expected {tuple(self.current.shape)}")
+        self.current += counts.to(torch.int64)
+
     def end_step(self) -> torch.Tensor:
         """Close the step: its counts [L, E] join the window (the oldest leaves when full)."""
         done, self.current = self.current, torch.zeros_like(self.current)

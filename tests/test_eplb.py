@@ -9,7 +9,14 @@ import torch
 
 from everybyte.models.eplb import balanced_packing, rank_loads, rebalance, replicate
 from everybyte.models.expert_ledger import ExpertShape, rank_ledger
-from everybyte.models.expert_load import EplbController, EplbSettings, ExpertLoad, identity_maps, layer_imbalance
+from everybyte.models.expert_load import (
+    EplbController,
+    EplbSettings,
+    ExpertLoad,
+    attach_eplb,
+    identity_maps,
+    layer_imbalance,
+)
 
 # ../shared/specs/nvfp4.md, "Wide-EP facts" (DeepSeek's EPLB README example)
 WEIGHT = [[90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],
@@ -149,3 +156,32 @@ def test_rank_ledger_deepseek_r1_facts():
     assert ep64.freed_kv_tokens == ep64.freed_bytes // (61 * 2 * 576)
     with pytest.raises(ValueError, match="exceed its budget"):
         rank_ledger(r1, 8, 0, 0, 2**30, kv, "fp8")
+
+
+class _RoutedBlock(torch.nn.Module):
+    """Test double of MoEBlock's routing side (models/moe.py, helper A): routes to fixed experts."""
+
+    def __init__(self, layer_idx: int, ids: list[list[int]]):
+        super().__init__()
+        self.layer_idx, self.ids, self.load_counter = layer_idx, torch.tensor(ids), None
+
+    def route(self, x):
+        return self.ids, torch.ones_like(self.ids, dtype=torch.float32)
+
+    def forward(self, x):
+        ids, _ = self.route(x)
+        if self.load_counter is not None:
+            self.load_counter(self.layer_idx, ids)
+        return x
+
+
+def test_attach_eplb_counts_every_block_and_applies_per_layer():
+    model = torch.nn.Sequential(_RoutedBlock(0, [[0, 1]] * 6), torch.nn.Identity(), _RoutedBlock(2, [[3, 2]] * 6))
+    applied: dict[int, list[int]] = {}
+    ctl = attach_eplb(model, [0, 2], 4, 2, EplbSettings(redundant=1, interval=1), applied.__setitem__)
+    model(torch.zeros(1))
+    assert ctl.on_step() and sorted(applied) == [0, 2]
+    assert ctl.load.window_counts().tolist() == [[6, 6, 0, 0], [0, 0, 6, 6]]
+    assert layer_imbalance(ctl.load.window_counts(), [applied[0], applied[2]], 2) == [1.0, 1.0]
+    with pytest.raises(ValueError, match="no MoE block"):
+        attach_eplb(torch.nn.Linear(2, 2), [0], 4, 2, EplbSettings(), applied.__setitem__)

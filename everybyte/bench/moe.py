@@ -87,8 +87,9 @@ def _weights_format(loaded: Any) -> str:
 
 def ledger(llm: Any, a: argparse.Namespace) -> dict[str, Any]:
     """Per-rank bytes at each EP size and redundancy, at EP 1's weights + --kv-cache per rank."""
-    from everybyte.bench.moe_routing import moe_blocks, moe_layer_indices
+    from everybyte.bench.moe_routing import moe_layer_indices
     from everybyte.models.expert_ledger import ExpertShape, rank_ledger
+    from everybyte.models.expert_load import moe_blocks
     from everybyte.models.nvfp4_linear import weight_bytes
 
     mc, model = llm.model_config, llm.loaded.model

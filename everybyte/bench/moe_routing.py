@@ -17,7 +17,7 @@ import torch
 from everybyte.bench.traces import Trace
 from everybyte.bench.traces.scaling import Scaling
 from everybyte.bench.traces.tokens import SessionPrompts, TokenSpace
-from everybyte.models.expert_load import ExpertLoad
+from everybyte.models.expert_load import ExpertLoad, moe_blocks
 
 
 @dataclass
@@ -48,11 +48,6 @@ class Routing:
         if not isinstance(d, dict) or "steps" not in d:
             raise ValueError(f"{path}: not a routing record written by `bench moe --save-routing`")
         return cls(**{**d, "steps": list(d["steps"].unbind(0))})
-
-
-def moe_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The model's MoE blocks (anything with a router and a load_counter slot)."""
-    return [m for m in model.modules() if hasattr(m, "load_counter") and hasattr(m, "route")]
 
 
 def moe_layer_indices(config: Any) -> list[int]:

@@ -108,6 +108,11 @@ def identity_maps(num_layers: int, num_experts: int) -> list[list[int]]:
 ApplyFn = Callable[[int, list[int]], None]    # (layer index, physical_to_logical of that layer)
 
 
+def moe_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's MoE blocks (anything with a router and a load_counter slot)."""
+    return [m for m in model.modules() if hasattr(m, "load_counter") and hasattr(m, "route")]
+
+
 class EplbController:
     """Every `settings.interval` closed steps: a new placement from the window's load with
     `settings.redundant` extra slots per rank, handed to `apply` layer by layer (the EP layer's
@@ -134,3 +139,17 @@ class EplbController:
             self.apply(layer, row)
         self.rebalances += 1
         return True
+
+
+def attach_eplb(model: torch.nn.Module, moe_layers: Sequence[int], num_experts: int, num_ranks: int,
+                settings: EplbSettings, apply: ApplyFn) -> EplbController:
+    """Count every MoE block's routing into a window of `settings.interval` steps and return the
+    controller; the caller runs `on_step()` after each step (on every rank: each routes the same
+    tokens, so each computes the same placement)."""
+    blocks = moe_blocks(model)
+    if not blocks:
+        raise ValueError("EPLB needs a mixture-of-experts model; this one has no MoE block")
+    load = ExpertLoad(moe_layers, num_experts, window=settings.interval)
+    for block in blocks:
+        block.load_counter = load.count
+    return EplbController(load, num_ranks, settings, apply)

@@ -3,7 +3,8 @@
 Every linear layer and the embedding (the tied LM head) become NVFP4 tensors (see
 formats/nvfp4_weights for the block-scale search); norms and biases stay in --dtype; names
 matching --exclude stay in --dtype too (`--exclude model.embed_tokens,lm_head` gives the
-checkpoint engines expect that never quantize embeddings, e.g. vLLM's ModelOpt loader). One
+checkpoint engines expect that never quantize embeddings, e.g. vLLM's ModelOpt loader), and so
+do a MoE's routers (each expert's linears are quantized like any other). One
 calibration pass over a fixed text measures each linear layer's input amax (`input_scale`) and
 each layer's K/V amax, the same pass the engine runs for its KV scales.
 """
@@ -119,6 +120,9 @@ def quantize_checkpoint(model, out: str | Path, exclude: tuple[str, ...] = (), d
     out = check_out_dir(out, force)             # before minutes of calibration, not after
     from everybyte.models.llama import Embedding, Linear
     loaded = load_model(model, dtype="fp32")
+    if loaded.config.is_moe:                    # routers stay float: tiny, and routing-sensitive
+        from everybyte.models.moe import ROUTER_PATTERNS
+        exclude = tuple(dict.fromkeys((*exclude, *ROUTER_PATTERNS)))
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
     input_amax, (k_amax, v_amax) = calibrate(loaded)

@@ -1,7 +1,7 @@
 """A decode step in one C call (native/csrc/decode_step.c): the fast path of CausalLM.forward
 when every sequence brings one new token, on CPU, in float32, with NVFP4 weights and an NVFP4 KV
-pool. At batch 1 a step is ~15 small ops a layer, and their Python and dispatch cost is a large
-part of the step once the weights are 4-bit; here the whole stack of layers runs in one OpenMP
+pool, for dense models (MoE layers and q/k norms take the per-op path). At batch 1 a step is ~15
+small ops a layer, and their Python and dispatch cost is a large part of the step once the weights are 4-bit; here the whole stack of layers runs in one OpenMP
 team. `run` returns None when the step is not of that kind, and the per-op path runs.
 
 The per-layer table of weight and pool addresses is built once per (model, KV caches) and kept;
@@ -63,7 +63,7 @@ class _Plan:
         self.kv_caches, self.keep, self.layers = list(kv_caches), [], None
         cfg, model = lm.config, lm.model
         attn0 = model.layers[0].self_attn
-        if (cfg.qk_norm or attn0.head_dim % 16
+        if (cfg.qk_norm or cfg.is_moe or cfg.clip_qkv is not None or attn0.head_dim % 16
                 or attn0.head_dim > 256 or not native_ops.f32_cpu(lm.rotary.cos_sin, model.norm.weight)):
             return
         layers = (_Layer * len(model.layers))()

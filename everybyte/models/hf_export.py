@@ -20,6 +20,8 @@ from everybyte.models.gguf_loader import iter_gguf_weights
 from everybyte.models.hf_loader import ARCHITECTURES, INDEX_FILE, iter_hf_weights
 from everybyte.models.loader import load_config_and_tokenizer, resolve_dtype, resolve_model_path
 from everybyte.models.modelopt import QUANT_FILE, QuantConfig, config_json_entry, hf_quant_json
+from everybyte.models.moe_config import hf_moe_config
+from everybyte.models.moe_weights import mixtral_weights
 from everybyte.models.tokenizer import Tokenizer
 
 FORMATS = ("hf",)
@@ -54,6 +56,8 @@ def export_hf(model: str | os.PathLike | None, out_dir: str | os.PathLike, dtype
                    else iter_hf_weights(source, config))
         if transform is not None:
             weights = transform(weights)
+        if config.architecture == "mixtral":
+            weights = mixtral_weights(weights)
         write_weights(weights, tmp, dtype, config.tie_word_embeddings, shard_bytes)
         _default_modes(tmp)
         if out.exists():
@@ -83,13 +87,13 @@ def hf_config(c: ModelConfig, dtype: torch.dtype) -> dict:
            "tie_word_embeddings": c.tie_word_embeddings, "attention_dropout": 0.0, "initializer_range": 0.02,
            "use_cache": True, "bos_token_id": c.bos_token_id, "eos_token_id": _one_or_list(c.eos_token_ids),
            "torch_dtype": DTYPE_NAMES[dtype], "dtype": DTYPE_NAMES[dtype]}
-    if c.architecture == "llama":
+    if c.architecture in ("llama", "llama_moe", "mixtral"):
         cfg |= {"attention_bias": c.attention_bias, "mlp_bias": False, "pretraining_tp": 1}
     else:
         cfg |= {"use_sliding_window": False, "sliding_window": None, "max_window_layers": c.num_hidden_layers}
-        if c.architecture == "qwen3":
+        if c.architecture in ("qwen3", "qwen3_moe", "olmoe"):
             cfg["attention_bias"] = c.attention_bias
-    return cfg
+    return cfg | hf_moe_config(c.architecture, c)
 
 
 def generation_config(c: ModelConfig) -> dict:

@@ -11,8 +11,12 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from everybyte.models.config import ModelConfig
+from everybyte.models.moe_config import moe_fields
+from everybyte.models.moe_weights import canonical_weights
 
-ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+                 "Qwen3MoeForCausalLM": "qwen3_moe", "MixtralForCausalLM": "mixtral", "OlmoeForCausalLM": "olmoe",
+                 "LlamaMoeForCausalLM": "llama_moe"}
 INDEX_FILE = "model.safetensors.index.json"
 KV_SCALE_SUFFIXES = (".k_scale", ".v_scale")      # KV cache scales, not weights: models/kv_scales.py
 
@@ -53,7 +57,7 @@ def config_from_hf(path: str | Path) -> ModelConfig:
     heads = c["num_attention_heads"]
     generation = read_json(path / "generation_config.json") if (path / "generation_config.json").is_file() else {}
     eos = [i for src in (generation, c) for i in _ids(src.get("eos_token_id"))]
-    return ModelConfig(
+    fields = dict(
         architecture=arch, vocab_size=c["vocab_size"], hidden_size=c["hidden_size"],
         intermediate_size=c["intermediate_size"], num_hidden_layers=c["num_hidden_layers"],
         num_attention_heads=heads, num_key_value_heads=c.get("num_key_value_heads") or heads,
@@ -65,6 +69,7 @@ def config_from_hf(path: str | Path) -> ModelConfig:
         qk_norm=arch == "qwen3", bos_token_id=c.get("bos_token_id"), eos_token_ids=list(dict.fromkeys(eos)),
         model_id=c.get("_name_or_path") or path.resolve().name, revision=_identity(path, file),
         sampling_defaults={k: generation[k] for k in HF_SAMPLING if generation.get(k) is not None})
+    return ModelConfig(**(fields | moe_fields(c, arch, file)))
 
 
 def _ids(value) -> list[int]:
@@ -99,7 +104,12 @@ def _identity(path: Path, config_file: Path) -> str:
 def iter_hf_weights(path: str | Path, config: ModelConfig, dtype: torch.dtype | None = None,
                     device="cpu") -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, tensor) per weight, read through the memory map; converted only when dtype/device
-    differ (dtype None leaves the casting to the consumer's copy)."""
+    differ (dtype None leaves the casting to the consumer's copy). Expert weights come one per
+    expert under mlp.experts.E.* names (models/moe_weights)."""
+    return canonical_weights(_iter_files(path, config, dtype, device))
+
+
+def _iter_files(path, config: ModelConfig, dtype, device) -> Iterator[tuple[str, torch.Tensor]]:
     for f in weight_files(path):
         try:
             st = safe_open(f, framework="pt")

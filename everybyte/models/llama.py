@@ -1,73 +1,25 @@
-"""Llama / Qwen2 / Qwen3 decoder-only model over a paged KV cache."""
+"""Llama / Qwen2 / Qwen3 decoder-only model over a paged KV cache, and its MoE variants (Qwen3-MoE,
+Mixtral, OLMoE, llama_moe: models/moe.py) whose layers hold a MoEBlock in place of the MLP."""
 from __future__ import annotations
 
 from typing import Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from everybyte.models import decode_step, gemm, native_ops
+from everybyte.models import decode_step
 from everybyte.models.attention import AttentionMetadata, LayerKVCache, paged_attention
 from everybyte.models.config import ModelConfig
+from everybyte.models.expert_placement import ExpertPlacement
+from everybyte.models.layers import MLP, Embedding, Linear, RMSNorm
+from everybyte.models.moe import MoEBlock
+from everybyte.models.moe_weights import localize_experts
 from everybyte.models.nvfp4_linear import SUFFIXES, PackedModule
 from everybyte.models.rope import RotaryEmbedding
 
+__all__ = ["MLP", "Attention", "CausalLM", "DecoderLayer", "Embedding", "Linear", "RMSNorm"]
+
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
-
-
-def _param(*shape, dtype, fill=None) -> nn.Parameter:
-    data = torch.empty(*shape, dtype=dtype) if fill is None else torch.full(shape, fill, dtype=dtype)
-    return nn.Parameter(data, requires_grad=False)
-
-
-class Linear(nn.Module):
-    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype):
-        super().__init__()
-        self.weight = _param(out_features, in_features, dtype=dtype)
-        self.bias = _param(out_features, dtype=dtype) if bias else None
-
-    def forward(self, x):
-        return gemm.linear(x, self.weight, self.bias)
-
-
-class Embedding(nn.Module):
-    def __init__(self, num: int, dim: int, dtype: torch.dtype):
-        super().__init__()
-        self.weight = _param(num, dim, dtype=dtype)
-
-    def forward(self, ids):
-        return F.embedding(ids, self.weight)
-
-    def logits(self, h):
-        """As a tied LM head."""
-        return gemm.linear(h, self.weight)
-
-
-class RMSNorm(nn.Module):
-    """HF RMSNorm (fp32 statistics); with a residual, adds it first and returns the new residual."""
-
-    def __init__(self, size: int, eps: float, dtype: torch.dtype):
-        super().__init__()
-        self.eps = eps
-        self.weight = _param(size, dtype=dtype, fill=1.0)
-
-    def forward(self, x, residual=None):
-        if _fused(x, residual, self.weight):          # one C pass a row; residual updated in place
-            out = native_ops.add_rmsnorm(x, residual, self.weight, self.eps)
-            return out if residual is None else (out, residual)
-        if residual is not None:
-            x = residual = x + residual
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        h = self.weight * h.to(x.dtype)
-        return h if residual is None else (h, residual)
-
-
-def _fused(x, residual, weight) -> bool:
-    """Whether the C add+RMSNorm takes these: float32, contiguous, x 2-D, CPU."""
-    return (x.dim() == 2 and native_ops.f32_cpu(x, weight) and native_ops.available()
-            and (residual is None or (native_ops.f32_cpu(residual) and residual.shape == x.shape)))
 
 
 class Attention(nn.Module):
@@ -80,9 +32,10 @@ class Attention(nn.Module):
         self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, cfg.attention_bias, dtype)
         self.o_proj = Linear(self.q_size, cfg.hidden_size, False, dtype)
         if cfg.qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype)
-            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype)
-        self.qk_norm = cfg.qk_norm
+            q_dim, k_dim = (self.q_size, self.kv_size) if cfg.qk_norm_whole else (self.head_dim, self.head_dim)
+            self.q_norm = RMSNorm(q_dim, cfg.rms_norm_eps, dtype)
+            self.k_norm = RMSNorm(k_dim, cfg.rms_norm_eps, dtype)
+        self.qk_norm, self.qk_norm_whole, self.clip_qkv = cfg.qk_norm, cfg.qk_norm_whole, cfg.clip_qkv
 
     def shard_sizes(self) -> tuple[int, ...]:
         return self.q_size, self.kv_size, self.kv_size
@@ -90,41 +43,27 @@ class Attention(nn.Module):
     def forward(self, positions, x, rotary: RotaryEmbedding, cache: LayerKVCache, meta: AttentionMetadata):
         T = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.qk_norm_whole:
+            q, k = self.q_norm(q.contiguous()), self.k_norm(k.contiguous())
+        if self.clip_qkv is not None:
+            q, k, v = (t.clamp(-self.clip_qkv, self.clip_qkv) for t in (q, k, v))
         q = q.view(T, self.num_heads, self.head_dim)
         k = k.view(T, self.num_kv_heads, self.head_dim)
         v = v.view(T, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:
+        if self.qk_norm and not self.qk_norm_whole:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotary(positions, q, k)
         out = paged_attention(q, k, v, cache, meta, self.scale)
         return self.o_proj(out.flatten(1))
 
 
-class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype):
-        super().__init__()
-        self.intermediate_size = cfg.intermediate_size
-        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, False, dtype)
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, False, dtype)
-
-    def shard_sizes(self) -> tuple[int, ...]:
-        return self.intermediate_size, self.intermediate_size
-
-    def forward(self, x):
-        gate_up = self.gate_up_proj(x)
-        # one C pass on float32 CPU rows: the fused decode step's own SiLU, the same bits for any row count
-        act = native_ops.silu_mul(gate_up) if x.dim() == 2 else None
-        if act is None:
-            gate, up = gate_up.chunk(2, dim=-1)
-            act = F.silu(gate) * up
-        return self.down_proj(act)
-
-
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, layer_idx: int = 0,
+                 placement: ExpertPlacement | None = None):
         super().__init__()
         self.self_attn = Attention(cfg, dtype)
-        self.mlp = MLP(cfg, dtype)
+        self.mlp: nn.Module = (MoEBlock(cfg, dtype, layer_idx, placement) if cfg.is_moe_layer(layer_idx)
+                               else MLP(cfg.hidden_size, cfg.intermediate_size, dtype))
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
 
@@ -139,20 +78,23 @@ class DecoderLayer(nn.Module):
 
 
 class Model(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, placements: dict[int, ExpertPlacement] | None = None):
         super().__init__()
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, dtype)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, dtype) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, dtype, i, (placements or {}).get(i))
+                                    for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
 
 
 class CausalLM(nn.Module):
     fused_decode = True      # decode-only steps through models/decode_step where it applies (False: per op)
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32,
+                 placements: dict[int, ExpertPlacement] | None = None):
+        """placements: MoE layer index -> where its experts live (default: all here, identity)."""
         super().__init__()
         self.config, self.dtype = config, dtype
-        self.model = Model(config, dtype)
+        self.model = Model(config, dtype, placements)
         self.rotary = self.make_rotary(config)
         self.lm_head = None if config.tie_word_embeddings else Linear(
             config.hidden_size, config.vocab_size, False, dtype)
@@ -209,7 +151,7 @@ class CausalLM(nn.Module):
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         table, loaded, unknown = self._weight_table(), set(), []
-        for name, tensor in weights:
+        for name, tensor in localize_experts(weights, self):
             matrix, _, suffix = name.rpartition(".")
             if suffix in SUFFIXES and isinstance(table.get(matrix, (None,))[0], PackedModule):
                 module, part = table[matrix]

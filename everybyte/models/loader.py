@@ -10,11 +10,14 @@ import torch
 
 from everybyte.models.config import ModelConfig
 from everybyte.models.default_model import default_model_path
+from everybyte.models.expert_placement import ExpertPlacement
 from everybyte.models.gguf_file import GGUFFile
 from everybyte.models.gguf_loader import config_from_gguf, iter_gguf_weights
 from everybyte.models.hf_loader import config_from_hf, iter_hf_weights
 from everybyte.models.llama import CausalLM
 from everybyte.models.modelopt import QuantConfig, dequantized_weights, read_quant_config
+from everybyte.models.moe import ROUTER_PATTERNS
+from everybyte.models.moe_weights import canonical_name
 from everybyte.models.nvfp4_linear import replace_modules
 from everybyte.models.tokenizer import Tokenizer
 
@@ -79,11 +82,14 @@ def load_config_and_tokenizer(path: Path) -> tuple[ModelConfig, Tokenizer, objec
 
 def load_model(model: str | os.PathLike | None = None, dtype: torch.dtype | str = torch.float32,
                device: str | torch.device = "cpu", weights_dtype: str = "auto",
-               exclude: tuple[str, ...] | None = None) -> LoadedModel:
+               exclude: tuple[str, ...] | None = None,
+               placements: dict[int, ExpertPlacement] | None = None) -> LoadedModel:
     """weights_dtype: "auto" keeps what the checkpoint holds (NVFP4 stays packed), "nvfp4" packs
     every linear layer and the embedding (quantizing float ones at load, HF names matching an
-    `exclude` pattern stay float), "bf16"/"fp32" computes with float weights (dequantized when
-    the checkpoint is NVFP4) in `dtype`."""
+    `exclude` pattern stay float; a MoE's routers stay float too), "bf16"/"fp32" computes with
+    float weights (dequantized when the checkpoint is NVFP4) in `dtype`. placements: MoE layer
+    index -> the ExpertPlacement of this rank (default: every expert here); only the experts it
+    places here are loaded."""
     start = time.perf_counter()
     if weights_dtype not in WEIGHTS_DTYPES:
         raise ValueError(f"unsupported weights_dtype {weights_dtype!r}; supported: {', '.join(WEIGHTS_DTYPES)}")
@@ -106,14 +112,17 @@ def load_model(model: str | os.PathLike | None = None, dtype: torch.dtype | str 
     if packed:
         if exclude is None:
             exclude = tuple(quant.exclude_modules) if quant is not None and weights_dtype == "auto" else ()
+        exclude = tuple(canonical_name(p) for p in exclude)
+        if config.is_moe and quant is None:
+            exclude += ROUTER_PATTERNS
         with torch.device("meta"):
-            lm = CausalLM(config, dtype)
+            lm = CausalLM(config, dtype, placements)
         swapped = replace_modules(lm, lm.linear_parts, exclude)
         lm.to_empty(device=device)
         lm.rotary = CausalLM.make_rotary(config).to(device)
     else:
         with torch.device(device):
-            lm = CausalLM(config, dtype)
+            lm = CausalLM(config, dtype, placements)
     lm.load_weights(weights)
     lm.eval()
     return LoadedModel(config, lm, tokenizer, str(path), time.perf_counter() - start,

@@ -120,7 +120,7 @@ def replace_modules(lm: nn.Module, parts_of, exclude=()) -> list[str]:
     """Swap every Linear/Embedding of `lm` whose HF names match no `exclude` pattern for its
     NVFP4 module (build `lm` on the meta device: nothing is allocated for the float weights).
     parts_of(module name) -> [(HF name, rows)] of the matrices it holds. Returns the names swapped."""
-    from everybyte.models.llama import Embedding, Linear
+    from everybyte.models.layers import Embedding, Linear
     swapped = []
     for name, mod in list(lm.named_modules()):
         if not isinstance(mod, (Linear, Embedding)):

@@ -29,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="address workers bind (default 127.0.0.1 locally; with Ray, each node's Ray address)")
     p.add_argument("--threads-per-worker", type=int, default=None,
                    help="CPU threads each worker uses (default: this machine's cores // workers, at least 1)")
+    p.add_argument("--expert-parallel", type=int, default=1, metavar="N",
+                   help="each worker splits its MoE model's experts over N rank processes (README: Expert "
+                        "parallelism); the cores are shared by all ranks of all workers")
     p.add_argument("--no-router", action="store_true", help="start only the workers (print their URLs)")
     p.add_argument("--start-timeout", type=float, default=600.0, help="seconds for every worker to be healthy")
     p.add_argument("--stop-timeout", type=float, default=30.0, help="seconds a worker may drain on stop")
@@ -62,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         args.workers = 2
     serve_args = [*serve_args, "--log-level", args.log_level]
     try:
-        specs = plan_workers(args.workers, args.prefill, args.decode, serve_args)
+        specs = plan_workers(args.workers, args.prefill, args.decode, serve_args,
+                             expert_parallel=args.expert_parallel)
     except ValueError as e:
         print(f"everybyte cluster: {e}", file=sys.stderr)
         return 2

@@ -52,8 +52,13 @@ class WorkerSpec:
 
 
 def plan_workers(workers: int | None, prefill: int | None, decode: int | None, serve_args: list[str],
-                 cores: int | None = None) -> list[WorkerSpec]:
-    """Roles and threads per worker: --prefill P --decode D makes P+D role workers, else N `both`."""
+                 cores: int | None = None, expert_parallel: int = 1) -> list[WorkerSpec]:
+    """Roles and threads per worker: --prefill P --decode D makes P+D role workers, else N `both`.
+    expert_parallel N: each worker is N rank processes (engine/ep), each with its share of the cores."""
+    if expert_parallel < 1:
+        raise ValueError(f"--expert-parallel must be >= 1, got {expert_parallel}")
+    if expert_parallel > 1:
+        serve_args = [*serve_args, "--expert-parallel", str(expert_parallel)]
     for flag in OWNED_SERVE_ARGS:
         if any(a == flag or a.startswith(flag + "=") for a in serve_args):
             raise ValueError(f"{flag} is set by the launcher for each worker; leave it out")
@@ -69,7 +74,7 @@ def plan_workers(workers: int | None, prefill: int | None, decode: int | None, s
         if workers is None or workers < 1:
             raise ValueError(f"--workers must be >= 1, got {workers}")
         roles = ["both"] * workers
-    threads = max(1, (cores or os.cpu_count() or 1) // len(roles))
+    threads = max(1, (cores or os.cpu_count() or 1) // (len(roles) * expert_parallel))
     return [WorkerSpec(i, r, threads, list(serve_args)) for i, r in enumerate(roles)]
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from everybyte.engine.config import EngineConfig, set_threads
 from everybyte.engine.core import EngineCore
+from everybyte.engine.ep import ExpertParallel, load_expert_parallel
 from everybyte.engine.executor import ModelExecutor
 from everybyte.engine.kv_budget import resolve_kv_budget
 from everybyte.engine.model_runner import CALIBRATION_TEXT, ModelRunner, calibrate_kv_amax
@@ -36,12 +37,25 @@ class BuiltEngine:
     weights_bytes: int
     model_runner: ModelRunner
     core: EngineCore
+    expert_parallel: ExpertParallel | None = None
 
 
 def build_engine(model: str | LoadedModel | None, cfg: EngineConfig, clock: Clock) -> BuiltEngine:
     set_threads()
+    if cfg.expert_parallel > 1:
+        loaded, ep = load_expert_parallel(model, cfg.expert_parallel, str(cfg.dtype).removeprefix("torch."),
+                                          cfg.weights_dtype, cfg.device)
+        try:
+            return _build(loaded, cfg, clock, ep)
+        except BaseException:
+            ep.close()
+            raise
     loaded = model if isinstance(model, LoadedModel) else load_model(model, dtype=cfg.dtype, device=cfg.device,
                                                                      weights_dtype=cfg.weights_dtype)
+    return _build(loaded, cfg, clock, None)
+
+
+def _build(loaded: LoadedModel, cfg: EngineConfig, clock: Clock, ep: ExpertParallel | None) -> BuiltEngine:
     mc = loaded.config
     max_model_len = cfg.max_model_len or mc.max_position_embeddings
     shapes = [(mc.num_key_value_heads, mc.head_dim)] * mc.num_hidden_layers
@@ -64,7 +78,7 @@ def build_engine(model: str | LoadedModel | None, cfg: EngineConfig, clock: Cloc
     scheduler = Scheduler(bm, cfg.max_num_seqs, cfg.max_num_batched_tokens, max_model_len, clock)
     eos = set(loaded.tokenizer.eos_token_ids) | set(mc.eos_token_ids)
     core = EngineCore(scheduler, ModelExecutor(runner), clock, eos, max_model_len)
-    return BuiltEngine(loaded, max_model_len, shapes, pool, weight_bytes(loaded.model), runner, core)
+    return BuiltEngine(loaded, max_model_len, shapes, pool, weight_bytes(loaded.model), runner, core, ep)
 
 
 def _block_manager(loaded: LoadedModel, cfg: EngineConfig, pool: KVPool, runner: ModelRunner,

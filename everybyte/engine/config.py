@@ -66,6 +66,7 @@ class EngineConfig:
     kv_role: str = "both"                  # disaggregation: both | prefill | decode (engine/kv_transfer)
     kv_connector: str | None = None        # tcp://HOST:PORT the KV connector binds (prefill: a free port if None)
     kv_transfer_timeout_s: float = 5.0     # a remote block fetch not answered by then is recomputed
+    expert_parallel: int = 1               # ranks a MoE model's experts are split over (engine/ep)
 
     def __post_init__(self):
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -88,5 +89,8 @@ class EngineConfig:
             raise ValueError(f"kv_load_timeout_s must be > 0, got {self.kv_load_timeout_s!r}")
         if not self.kv_transfer_timeout_s > 0:
             raise ValueError(f"kv_transfer_timeout_s must be > 0, got {self.kv_transfer_timeout_s!r}")
+        if not isinstance(self.expert_parallel, int) or isinstance(self.expert_parallel, bool) \
+                or self.expert_parallel < 1:
+            raise ValueError(f"expert_parallel must be an int >= 1, got {self.expert_parallel!r}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len!r}")

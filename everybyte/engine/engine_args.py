@@ -24,6 +24,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--max-num-seqs", type=int, default=64)
     g.add_argument("--max-num-batched-tokens", type=int, default=512)
     g.add_argument("--device", default="cpu")
+    g.add_argument("--expert-parallel", type=int, default=1, metavar="N",
+                   help="split a MoE model's experts over N rank processes (this one is rank 0; must divide "
+                        "the expert count); README: Expert parallelism")
     g.add_argument("--kv-tiers", default="host:1GiB",
                    help="KV tiers below the device, e.g. host:2GiB,disk:/path:20GiB,redis://127.0.0.1:6379:8GiB,"
                         "shared:/mnt/kv:100GiB,cold:/mnt/cold:1TiB; 'none' for none")
@@ -39,6 +42,6 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     return {"kv_cache_dtype": args.kv_cache_dtype, "kv_cache_bytes": args.kv_cache,
             "dtype": args.dtype, "weights_dtype": args.weights_dtype, "block_size": args.block_size, "max_model_len": args.max_model_len,
             "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
-            "device": args.device, "kv_tiers": args.kv_tiers,
+            "device": args.device, "kv_tiers": args.kv_tiers, "expert_parallel": args.expert_parallel,
             "enable_prefix_caching": not args.no_prefix_caching, "offload_on_park": not args.no_offload_on_park,
             "kv_exact_tail": not args.no_kv_exact_tail}

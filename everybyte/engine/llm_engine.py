@@ -30,6 +30,7 @@ class LLMEngine:
         self.max_model_len, self.layer_shapes = built.max_model_len, built.layer_shapes
         self.pool, self.weights_bytes, self.model_runner = built.pool, built.weights_bytes, built.model_runner
         self.core = built.core
+        self.expert_parallel = built.expert_parallel     # ExpertParallel (apply_placement) when > 1 rank
         self.scheduler, self.block_manager = self.core.scheduler, self.core.block_manager
         self.requests: dict[str, CoreRequest] = self.core.requests
         self.eos_token_ids = self.core.eos_token_ids
@@ -190,10 +191,14 @@ class LLMEngine:
         self.core.close()
         if self.kv_transfer is not None:
             self.kv_transfer.close()
+        if self.expert_parallel is not None:
+            self.expert_parallel.close()
 
     def stats(self) -> dict:
         out = {**self.core.stats(self.weights_bytes), "kv_pool": self.pool.describe(),
                "max_model_len": self.max_model_len}
         if self.kv_transfer is not None:
             out["kv_transfer"] = self.kv_transfer.stats()
+        if self.expert_parallel is not None:
+            out["expert_parallel"] = self.expert_parallel.describe()
         return out

@@ -2,10 +2,13 @@
 round trip, bad arguments."""
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
 import torch
+from test_loaders import save_hf_dir
+from test_moe_models import tiny_moe
 
 from everybyte.bench.moe import main as bench_moe_main
 from everybyte.bench.moe_placement import expert_skew, replay_imbalance
@@ -68,3 +71,33 @@ def test_bad_arguments(argv, message, capsys):
 def test_bad_redundancy_for_the_controller():
     with pytest.raises(ValueError, match="--eplb-redundant 9"):
         replay_imbalance(_routing(steps=2), 2, 9, interval=1)
+
+
+def test_bench_moe_end_to_end_on_a_tiny_moe(tmp_path):
+    """Replay two shared agent sessions on a tiny random Qwen3-MoE (transformers writes it), EP 1 and 2."""
+    model = save_hf_dir(tiny_moe("qwen3_moe"), tmp_path / "moe")
+    rec, out = tmp_path / "routing.pt", tmp_path / "moe.json"
+    common = ["--model", str(model), "--ep", "1,2", "--redundant", "0,2", "--eplb-interval", "3",
+              "--kv-cache", "2MiB", "--kv-cache-dtype", "fp32"]
+    assert bench_moe_main(common + ["--max-sessions", "2", "--max-turns", "3", "--concurrency", "2",
+                                    "--token-scale", "4096", "--max-context", "96", "--max-output", "4",
+                                    "--prefill-len", "24", "--decode-batch", "2", "--new-tokens", "3",
+                                    "--save-routing", str(rec), "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["num_experts"] == 8 and r["moe_layers"] == 2 and r["routing"]["requests"] >= 2
+    assert r["routing"]["steps"] > 6 and r["routing"]["routed_tokens_per_layer"] > 0
+    by = {(i["ep"], i["redundant_per_rank"]): i for i in r["imbalance"]}
+    assert sorted(by) == [(2, 0), (2, 2)] and by[2, 0]["before"]["n"] > 0
+    assert by[2, 2]["in_sample_after"]["mean"] <= by[2, 0]["in_sample_before"]["mean"]
+    led = r["ledger"]
+    assert led["expert_bytes_all_measured"] == led["expert_bytes_all_arithmetic"] > 0
+    rows = {(x["ranks"], x["redundant_per_rank"]): x for x in led["per_rank"]}
+    assert rows[2, 0]["expert_bytes"] * 2 == rows[1, 0]["expert_bytes"]              # 1/N
+    assert rows[2, 2]["replica_bytes"] == rows[2, 2]["expert_bytes"] - rows[2, 0]["expert_bytes"] > 0
+    assert rows[2, 0]["kv_tokens"] > rows[1, 0]["kv_tokens"] > 0
+    speed = {t["ep"]: t for t in r["throughput"]}
+    assert speed[1]["prefill_tok_s"] > 0 and speed[2]["decode_tok_s"] > 0
+    # the kept record gives the same figures without a replay
+    assert bench_moe_main(common + ["--routing", str(rec), "--no-throughput", "--json", str(out)]) == 0
+    again = json.loads(out.read_text())
+    assert again["imbalance"] == r["imbalance"] and again["throughput"] == []

@@ -7,6 +7,7 @@ import random
 import pytest
 import torch
 
+from everybyte.models.config import ModelConfig
 from everybyte.models.eplb import balanced_packing, rank_loads, rebalance, replicate
 from everybyte.models.expert_ledger import ExpertShape, rank_ledger
 from everybyte.models.expert_load import (
@@ -17,6 +18,7 @@ from everybyte.models.expert_load import (
     identity_maps,
     layer_imbalance,
 )
+from everybyte.models.moe import MoEBlock
 
 # ../shared/specs/nvfp4.md, "Wide-EP facts" (DeepSeek's EPLB README example)
 WEIGHT = [[90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],
@@ -158,28 +160,24 @@ def test_rank_ledger_deepseek_r1_facts():
         rank_ledger(r1, 8, 0, 0, 2**30, kv, "fp8")
 
 
-class _RoutedBlock(torch.nn.Module):
-    """Test double of MoEBlock's routing side (models/moe.py, helper A): routes to fixed experts."""
-
-    def __init__(self, layer_idx: int, ids: list[list[int]]):
-        super().__init__()
-        self.layer_idx, self.ids, self.load_counter = layer_idx, torch.tensor(ids), None
-
-    def route(self, x):
-        return self.ids, torch.ones_like(self.ids, dtype=torch.float32)
-
-    def forward(self, x):
-        ids, _ = self.route(x)
-        if self.load_counter is not None:
-            self.load_counter(self.layer_idx, ids)
-        return x
+def _block(cfg: ModelConfig, layer: int, hot: tuple[int, int]) -> MoEBlock:
+    """A real MoEBlock whose router sends every all-ones token to experts `hot`."""
+    block = MoEBlock(cfg, torch.float32, layer)
+    with torch.no_grad():
+        block.gate.weight.zero_()
+        block.gate.weight[hot[0]] = 1.0
+        block.gate.weight[hot[1]] = 0.5
+    return block
 
 
 def test_attach_eplb_counts_every_block_and_applies_per_layer():
-    model = torch.nn.Sequential(_RoutedBlock(0, [[0, 1]] * 6), torch.nn.Identity(), _RoutedBlock(2, [[3, 2]] * 6))
+    cfg = ModelConfig("qwen3_moe", vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=3,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=4, num_experts=4, num_experts_per_tok=2,
+                      moe_intermediate_size=4, moe_layers=(0, 2))
+    model = torch.nn.Sequential(_block(cfg, 0, (0, 1)), torch.nn.Identity(), _block(cfg, 2, (3, 2)))
     applied: dict[int, list[int]] = {}
     ctl = attach_eplb(model, [0, 2], 4, 2, EplbSettings(redundant=1, interval=1), applied.__setitem__)
-    model(torch.zeros(1))
+    model(torch.ones(6, 8))
     assert ctl.on_step() and sorted(applied) == [0, 2]
     assert ctl.load.window_counts().tolist() == [[6, 6, 0, 0], [0, 0, 6, 6]]
     assert layer_imbalance(ctl.load.window_counts(), [applied[0], applied[2]], 2) == [1.0, 1.0]

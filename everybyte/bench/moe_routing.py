@@ -51,10 +51,10 @@ class Routing:
 
 
 def moe_layer_indices(config: Any) -> list[int]:
-    if not getattr(config, "num_experts", 0):
-        raise ValueError(f"{config.model_id} is not a mixture-of-experts model (num_experts = 0)")
-    layers = getattr(config, "moe_layers", None)
-    return list(range(config.num_hidden_layers)) if layers is None else sorted(layers)
+    if not config.is_moe:
+        raise ValueError(f"{config.model_id} is a dense {config.architecture} model; bench moe needs a "
+                         f"mixture-of-experts model")
+    return [i for i in range(config.num_hidden_layers) if config.is_moe_layer(i)]
 
 
 def record_routing(llm: Any, trace: Trace, scaling: Scaling, max_sessions: int, concurrency: int,
@@ -78,7 +78,7 @@ def record_routing(llm: Any, trace: Trace, scaling: Scaling, max_sessions: int, 
     for b in blocks:
         b.load_counter = load.count
     llm.core.observers.append(observe)
-    space = TokenSpace(1000, min(30000, mc.vocab_size))
+    space = TokenSpace(min(1000, mc.vocab_size // 4), min(30000, mc.vocab_size))
     sessions = trace.sessions[:max_sessions]
     requests = prompt_tokens = generated = 0
     try:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from everybyte.models.eplb import imbalance, rank_loads, rebalance
+from everybyte.models.moe import MoEBlock
 
 
 @dataclass(frozen=True)
@@ -108,9 +109,8 @@ def identity_maps(num_layers: int, num_experts: int) -> list[list[int]]:
 ApplyFn = Callable[[int, list[int]], None]    # (layer index, physical_to_logical of that layer)
 
 
-def moe_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The model's MoE blocks (anything with a router and a load_counter slot)."""
-    return [m for m in model.modules() if hasattr(m, "load_counter") and hasattr(m, "route")]
+def moe_blocks(model: torch.nn.Module) -> list[MoEBlock]:
+    return [m for m in model.modules() if isinstance(m, MoEBlock)]
 
 
 class EplbController:

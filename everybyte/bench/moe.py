@@ -78,23 +78,16 @@ def _engine_kwargs(a: argparse.Namespace) -> dict[str, Any]:
             "max_model_len": max(a.max_context, a.prefill_len + 1, 64 + a.new_tokens) + 16}
 
 
-def _weights_format(loaded: Any) -> str:
-    if loaded.weights_format == "nvfp4":
-        return "nvfp4"
-    dtype = next(loaded.model.parameters()).dtype
-    return {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}.get(str(dtype), "fp32")
-
-
 def ledger(llm: Any, a: argparse.Namespace) -> dict[str, Any]:
     """Per-rank bytes at each EP size and redundancy, at EP 1's weights + --kv-cache per rank."""
     from everybyte.bench.moe_routing import moe_layer_indices
-    from everybyte.models.expert_ledger import ExpertShape, rank_ledger
+    from everybyte.models.expert_ledger import ExpertShape, rank_ledger, stored_format
     from everybyte.models.expert_load import moe_blocks
     from everybyte.models.nvfp4_linear import weight_bytes
 
     mc, model = llm.model_config, llm.loaded.model
     shape = ExpertShape(mc.hidden_size, mc.moe_intermediate_size, mc.num_experts, len(moe_layer_indices(mc)),
-                        _weights_format(llm.loaded))
+                        stored_format(llm.loaded.weights_format, str(next(model.parameters()).dtype)))
     measured_experts = sum(weight_bytes(b.experts) for b in moe_blocks(model))
     dense = weight_bytes(model) - measured_experts
     budget = weight_bytes(model) + int(llm.config.kv_cache_bytes)

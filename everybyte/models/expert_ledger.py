@@ -10,6 +10,19 @@ from dataclasses import asdict, dataclass
 
 from everybyte.formats.sizes import kv_bytes_per_token, weight_matrix_bytes
 
+_DTYPE_FORMATS = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def stored_format(weights_format: str, dtype: str) -> str:
+    """The sizes.py name of how a loaded model's expert weights are stored: "nvfp4" when packed,
+    else their float dtype ("torch.float32" or "float32" -> "fp32")."""
+    if weights_format == "nvfp4":
+        return "nvfp4"
+    name = dtype.removeprefix("torch.")
+    if name not in _DTYPE_FORMATS:
+        raise ValueError(f"no stored size for weights of dtype {dtype}")
+    return _DTYPE_FORMATS[name]
+
 
 @dataclass(frozen=True)
 class ExpertShape:

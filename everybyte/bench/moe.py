@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-turns", type=int, default=6, help="turns per session (default 6)")
     r.add_argument("--concurrency", type=int, default=4, help="sessions batched together (default 4)")
     r.add_argument("--token-scale", type=float, default=None, help="divide recorded input tokens by this")
-    r.add_argument("--max-context", type=int, default=1024, help="prompt + output cap per turn (default 1024)")
+    r.add_argument("--max-context", type=int, default=2048, help="prompt + output cap per turn (default 2048)")
     r.add_argument("--max-output", type=int, default=16, help="cap on output tokens per turn (default 16)")
     r.add_argument("--routing", default=None, help="judge placements on this recorded routing instead of replaying")
     r.add_argument("--save-routing", default=None, help="write the recorded routing here (torch file)")

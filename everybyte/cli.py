@@ -1,4 +1,4 @@
-"""One entry point: everybyte generate|serve|convert|quantize|bench|sim ...
+"""One entry point: everybyte generate|serve|convert|quantize|moe-ify|bench|sim ...
 
 Each subcommand lives in its own module with a `main(argv) -> int`; this file only
 dispatches, so importing the CLI stays cheap and layers stay apart.
@@ -14,6 +14,7 @@ COMMANDS = {
     "router": ("everybyte.cluster.router_cli", "a KV-aware OpenAI-compatible router over serve workers"),
     "convert": ("everybyte.models.convert_cli", "write a model as a Hugging Face directory: [MODEL] --to hf DIR"),
     "quantize": ("everybyte.engine.quantize_cli", "write an NVFP4 (ModelOpt) checkpoint: [MODEL] --to nvfp4 DIR"),
+    "moe-ify": ("everybyte.engine.moeify_cli", "a MoE with routers fitted on real text from a dense model: [MODEL] OUTDIR"),
     "cluster": ("everybyte.cluster.cli", "start N serve workers and a router: --workers N [--prefill P --decode D]"),
     "sim": ("everybyte.sim.cli", "simulate a fleet on the engine's control plane: everybyte sim run|hardware|models"),
     "bench": (None, "run a benchmark: everybyte bench NAME [--json PATH] (see `everybyte bench --help`)"),

@@ -5,6 +5,7 @@ rope permutation). The directory is written next to its target and renamed into 
 half-written export is never mistaken for a finished one."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -33,30 +34,32 @@ SCALE_SUFFIXES = (".weight_scale_2", ".input_scale", ".k_scale", ".v_scale")   #
 
 def export_hf(model: str | os.PathLike | None, out_dir: str | os.PathLike, dtype: torch.dtype | str = "bf16",
               force: bool = False, shard_bytes: int = SHARD_BYTES, quant: QuantConfig | None = None,
-              transform=None) -> Path:
+              transform=None, config_update: dict | None = None) -> Path:
     """Convert `model` (None: the default model) into the HF directory `out_dir`; returns it.
     quant + transform: a quantized checkpoint (transform maps the float (name, tensor) stream
-    to the stored one; quant is written to hf_quant_config.json and config.json)."""
+    to the stored one; quant is written to hf_quant_config.json and config.json);
+    config_update: ModelConfig fields the written model changes (e.g. a MoE made from it)."""
     dtype = resolve_dtype(dtype)
     if dtype not in DTYPE_NAMES:
         raise ValueError(f"unsupported dtype {dtype}; supported: fp32, fp16, bf16")
     out = check_out_dir(out_dir, force)
     config, tokenizer, source = load_config_and_tokenizer(resolve_model_path(model))
+    written = dataclasses.replace(config, **config_update) if config_update else config
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        cfg = hf_config(config, dtype)
+        cfg = hf_config(written, dtype)
         if quant is not None:
             cfg["quantization_config"] = config_json_entry(quant)
             _write_json(tmp / QUANT_FILE, hf_quant_json(quant))
         _write_json(tmp / "config.json", cfg)
-        _write_json(tmp / "generation_config.json", generation_config(config))
-        write_tokenizer(tokenizer, config, tmp)
+        _write_json(tmp / "generation_config.json", generation_config(written))
+        write_tokenizer(tokenizer, written, tmp)
         weights = (iter_gguf_weights(source, config) if isinstance(source, GGUFFile)
                    else iter_hf_weights(source, config))
         if transform is not None:
             weights = transform(weights)
-        if config.architecture == "mixtral":
+        if written.architecture == "mixtral":
             weights = mixtral_weights(weights)
         write_weights(weights, tmp, dtype, config.tie_word_embeddings, shard_bytes)
         _default_modes(tmp)

@@ -94,6 +94,8 @@ class ExpertParallel:
 
     # ---- each forward: the expert ranks follow -----------------------------------------------
     def _begin(self, module, args) -> None:
+        if self.group.broken is not None:          # the first failure's error, e.g. which rank died
+            raise self.group.broken
         if self.in_forward:
             raise RuntimeError("expert parallelism: a forward failed part-way, so the expert ranks are out of "
                                "step; restart the engine")
@@ -109,8 +111,9 @@ class ExpertParallel:
     def apply_placement(self, layer: int, placement: ExpertPlacement) -> int:
         """Move layer `layer`'s experts on every rank to `placement` (its physical_to_logical and
         slots_per_rank; its rank field is ignored). Call between steps on the engine thread
-        (AsyncEngine.run_on_engine_thread when serving): in-flight requests carry on with the
-        new placement from the next step. Returns the expert modules rank 0 received."""
+        (serving: `await async_engine.call(lambda e: e.expert_parallel.apply_placement(...))`):
+        in-flight requests carry on with the new placement from the next step. Returns the
+        number of expert modules rank 0 received."""
         if layer not in self.blocks:
             raise ValueError(f"layer {layer} is not a MoE layer; MoE layers: {sorted(self.blocks)}")
         if self.in_forward:

@@ -7,6 +7,7 @@ with the group's error on stderr and exit code 1."""
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 
@@ -32,9 +33,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def serve(group: ProcessGroup, lm) -> int:
+def serve(group: ProcessGroup, blocks: dict, hidden_size: int, dtype: torch.dtype) -> int:
     """Follow rank 0's headers; returns the number of forwards taken part in."""
-    blocks = moe_blocks(lm)
     dispatcher = AllToAllDispatcher(group)
     device = group.device
     forwards = 0
@@ -49,7 +49,7 @@ def serve(group: ProcessGroup, lm) -> int:
         forwards += 1
         for block in blocks.values():
             k = block.top_k
-            dispatcher.forward(block, torch.empty(0, lm.config.hidden_size, dtype=lm.dtype, device=device),
+            dispatcher.forward(block, torch.empty(0, hidden_size, dtype=dtype, device=device),
                                torch.empty(0, k, dtype=torch.long, device=device),
                                torch.empty(0, k, dtype=torch.float32, device=device))
 
@@ -61,11 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     config = load_config_and_tokenizer(path)[0]
     loaded = load_model(path, dtype=args.dtype, device=args.device, weights_dtype=args.weights_dtype,
                         placements=placements(config, args.world, args.rank, str(path)))
+    # only the MoE blocks stay: attention, dense MLPs, embedding and head run on rank 0 alone
+    blocks, dtype = moe_blocks(loaded.model), loaded.model.dtype
+    del loaded
+    gc.collect()
     print(json.dumps({"ready": args.rank}), flush=True)
     group = ProcessGroup(args.rank, args.world, args.port, device=args.device, timeout_s=args.timeout)
     try:
         with torch.inference_mode():
-            serve(group, loaded.model)
+            serve(group, blocks, config.hidden_size, dtype)
     except RuntimeError as e:
         print(f"everybyte expert rank {args.rank}: {e}", file=sys.stderr)
         return 1

@@ -9,7 +9,7 @@ from everybyte.engine.sampling_params import SamplingParams
 
 
 class LLM(LLMEngine):
-    """LLM(model=None, kv_cache_dtype="nvfp4", kv_cache_bytes="auto", dtype=None, block_size=16,
+    """LLM(model=None, kv_cache_dtype="nvfp4", kv_cache_bytes="auto", dtype=None, block_size=16, expert_parallel=1,
     max_num_seqs=64, max_num_batched_tokens=512, max_model_len=None, device="cpu", seed=None).
     model=None is the embedded default model (SmolLM2-135M-Instruct); a path is a .gguf file or
     a Hugging Face directory; a LoadedModel is used as is."""

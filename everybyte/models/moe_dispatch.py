@@ -57,9 +57,13 @@ class AllToAllDispatcher:
         recv = self._exchange_counts(block.layer_idx, send)
         slots = torch.where(dest[token_of_row] == rank_of_row[:, None], local[token_of_row], -1)
         meta = torch.cat([weights[token_of_row].float(), slots.float()], dim=1)   # slot ids < 2**24: exact
-        got_x = g.all_to_all_single(x[token_of_row], recv, send)
-        got_meta = g.all_to_all_single(meta, recv, send)
-        y = block.run_local(got_x, got_meta[:, k:].long(), got_meta[:, :k])
+        if x.dtype == torch.float32:          # one exchange for rows and metadata
+            got = g.all_to_all_single(torch.cat([x[token_of_row], meta], dim=1), recv, send)
+            got_x, got_meta = got[:, :x.shape[1]], got[:, x.shape[1]:]
+        else:
+            got_x = g.all_to_all_single(x[token_of_row], recv, send)
+            got_meta = g.all_to_all_single(meta, recv, send)
+        y = block.run_local(got_x.contiguous(), got_meta[:, k:].long(), got_meta[:, :k])
         back = g.all_to_all_single(y, send, recv)
         return torch.zeros_like(x).index_add_(0, token_of_row, back)
 

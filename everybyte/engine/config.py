@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from everybyte.engine.eplb import check_eplb_settings
 from everybyte.engine.kv_budget import is_auto
 from everybyte.formats.kv_layout import KV_CACHE_DTYPES
 from everybyte.kv.data.pool import parse_size
@@ -67,6 +68,8 @@ class EngineConfig:
     kv_connector: str | None = None        # tcp://HOST:PORT the KV connector binds (prefill: a free port if None)
     kv_transfer_timeout_s: float = 5.0     # a remote block fetch not answered by then is recomputed
     expert_parallel: int = 1               # ranks a MoE model's experts are split over (engine/ep)
+    eplb_interval: int = 0                 # rebalance experts every this many steps (engine/eplb); 0 = off
+    eplb_redundant: int = 0                # redundant expert slots per rank when rebalancing
 
     def __post_init__(self):
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -92,5 +95,6 @@ class EngineConfig:
         if not isinstance(self.expert_parallel, int) or isinstance(self.expert_parallel, bool) \
                 or self.expert_parallel < 1:
             raise ValueError(f"expert_parallel must be an int >= 1, got {self.expert_parallel!r}")
+        check_eplb_settings(self.expert_parallel, self.eplb_interval, self.eplb_redundant)
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len!r}")

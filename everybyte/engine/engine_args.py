@@ -27,6 +27,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--expert-parallel", type=int, default=1, metavar="N",
                    help="split a MoE model's experts over N rank processes (this one is rank 0; must divide "
                         "the expert count); README: Expert parallelism")
+    g.add_argument("--eplb-interval", type=int, default=0, metavar="STEPS",
+                   help="with --expert-parallel: rebalance the experts (DeepSeek's EPLB) every STEPS steps from "
+                        "the load of the last STEPS steps; 0 (default) = never; README: Expert placement")
+    g.add_argument("--eplb-redundant", type=int, default=0, metavar="R",
+                   help="redundant expert slots per rank a rebalance may fill with replicas of hot experts")
     g.add_argument("--kv-tiers", default="host:1GiB",
                    help="KV tiers below the device, e.g. host:2GiB,disk:/path:20GiB,redis://127.0.0.1:6379:8GiB,"
                         "shared:/mnt/kv:100GiB,cold:/mnt/cold:1TiB; 'none' for none")
@@ -43,5 +48,6 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
             "dtype": args.dtype, "weights_dtype": args.weights_dtype, "block_size": args.block_size, "max_model_len": args.max_model_len,
             "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
             "device": args.device, "kv_tiers": args.kv_tiers, "expert_parallel": args.expert_parallel,
+            "eplb_interval": args.eplb_interval, "eplb_redundant": args.eplb_redundant,
             "enable_prefix_caching": not args.no_prefix_caching, "offload_on_park": not args.no_offload_on_park,
             "kv_exact_tail": not args.no_kv_exact_tail}

@@ -9,6 +9,7 @@ from everybyte.engine.assembly import build_engine
 from everybyte.engine.config import EngineConfig
 from everybyte.engine.core import CoreRequest
 from everybyte.engine.detokenizer import IncrementalDetokenizer
+from everybyte.engine.eplb import eplb_stats, start_eplb
 from everybyte.engine.kv_transfer import KVTransfer
 from everybyte.engine.outputs import RequestOutput
 from everybyte.engine.sampling_defaults import sampling_defaults
@@ -37,6 +38,7 @@ class LLMEngine:
         self.sampling_defaults = sampling_defaults(self.model_config)   # for the fields a request leaves unset
         self._ids = count()
         self.kv_transfer = self._kv_transfer()
+        self.eplb = start_eplb(self)                     # EplbController when --eplb-interval is set
 
     def _kv_transfer(self) -> KVTransfer | None:
         c = self.config
@@ -199,4 +201,6 @@ class LLMEngine:
             out["kv_transfer"] = self.kv_transfer.stats()
         if self.expert_parallel is not None:
             out["expert_parallel"] = self.expert_parallel.describe()
+        if self.eplb is not None:
+            out["eplb"] = eplb_stats(self, self.eplb)
         return out

@@ -37,7 +37,7 @@ BENCHMARKS = {
     "kv-transfer": ("everybyte.bench.micro.kv_transfer", "disaggregated prefill->decode: bytes and bandwidth per KV format over the connector"),
     "cluster": ("everybyte.bench.cluster", "agent replay through `everybyte cluster`: round-robin vs kv vs kv+disagg"),
     "ep": ("everybyte.bench.micro.expert_parallel", "expert parallelism: all-to-all per MoE layer, EP=1 vs N prefill/decode tok/s"),
-    "moe": ("everybyte.bench.moe", "MoE at EP 1/2/4: expert bytes and KV tokens per rank, tok/s, imbalance before/after EPLB"),
+    "moe": ("everybyte.bench.micro.moe", "MoE at EP 1/2/4: expert bytes and KV tokens per rank, tok/s, imbalance before/after EPLB"),
 }
 
 

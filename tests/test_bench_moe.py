@@ -10,9 +10,9 @@ import torch
 from test_loaders import save_hf_dir
 from test_moe_models import tiny_moe
 
-from everybyte.bench.moe import main as bench_moe_main
-from everybyte.bench.moe_placement import expert_skew, replay_imbalance
-from everybyte.bench.moe_routing import Routing
+from everybyte.bench.micro.moe import main as bench_moe_main
+from everybyte.bench.micro.moe_placement import expert_skew, replay_imbalance
+from everybyte.bench.micro.moe_routing import Routing
 
 
 def _routing(steps: int = 40, experts: int = 8, layers: int = 3, seed: int = 0) -> Routing:

@@ -1,4 +1,4 @@
-"""Imbalance of expert placements on recorded routing (bench/moe_routing.Routing).
+"""Imbalance of expert placements on recorded routing (bench/micro/moe_routing.Routing).
 
 "before": the contiguous split with no replicas (rank r holds experts [r*E/N, (r+1)*E/N)).
 "after" (replay): the real EplbController stepped over the recorded steps; each placement is
@@ -14,7 +14,7 @@ from statistics import mean
 
 import torch
 
-from everybyte.bench.moe_routing import Routing
+from everybyte.bench.micro.moe_routing import Routing
 from everybyte.models.eplb import rebalance
 from everybyte.models.expert_load import EplbController, EplbSettings, ExpertLoad, identity_maps, layer_imbalance
 

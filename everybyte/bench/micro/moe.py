@@ -3,7 +3,7 @@ rank, prefill/decode tok/s, and the imbalance (max/mean tokens per rank, per lay
 after EPLB with 0, 1, 2 redundant experts per rank on a replay of the shared agent sessions.
 
 The routing is recorded once (MoEBlock.load_counter on every engine step of the replay, EP 1)
-and every placement is judged on it (bench/moe_placement). Bytes come from formats/sizes
+and every placement is judged on it (bench/micro/moe_placement). Bytes come from formats/sizes
 arithmetic (models/expert_ledger) beside what the loaded model measures. tok/s runs the engine
 at each EP size where this build has --expert-parallel.
 """
@@ -90,7 +90,7 @@ def _engine_kwargs(a: argparse.Namespace) -> dict[str, Any]:
 
 def ledger(llm: Any, a: argparse.Namespace) -> dict[str, Any]:
     """Per-rank bytes at each EP size and redundancy, at EP 1's weights + --kv-cache per rank."""
-    from everybyte.bench.moe_routing import moe_layer_indices
+    from everybyte.bench.micro.moe_routing import moe_layer_indices
     from everybyte.models.expert_ledger import ExpertShape, rank_ledger, stored_format
     from everybyte.models.expert_load import moe_blocks
     from everybyte.models.nvfp4_linear import weight_bytes
@@ -113,7 +113,7 @@ def ledger(llm: Any, a: argparse.Namespace) -> dict[str, Any]:
 
 def routing_for(llm: Any, a: argparse.Namespace) -> Any:
     from everybyte.bench.agentic import default_trace
-    from everybyte.bench.moe_routing import Routing, record_routing
+    from everybyte.bench.micro.moe_routing import Routing, record_routing
     from everybyte.bench.traces import load_trace
     from everybyte.bench.traces.scaling import Scaling
 
@@ -163,7 +163,7 @@ def throughput(model: str, ep: int, a: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(a: argparse.Namespace) -> dict[str, Any]:
-    from everybyte.bench.moe_placement import expert_skew, replay_imbalance
+    from everybyte.bench.micro.moe_placement import expert_skew, replay_imbalance
     from everybyte.engine.llm_engine import LLMEngine
 
     _check(a)

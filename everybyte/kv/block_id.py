@@ -11,7 +11,7 @@ import hashlib
 import json
 import struct
 from dataclasses import dataclass, field, fields
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 NAME_BYTES = 16
 ROOT_PARENT = b"\x00" * NAME_BYTES
@@ -80,6 +80,20 @@ def pack_tokens(token_ids: Sequence[int]) -> bytes:
     return struct.pack(f"<{len(token_ids)}q", *token_ids)
 
 
+_BLOCK_HASHERS: dict[bytes, Any] = {}
+
+
+def _block_hasher(namespace: KVNamespace) -> Any:
+    """A blake2b already fed the domain and namespace digest (copied per block: same bytes as _h)."""
+    h = _BLOCK_HASHERS.get(namespace.digest)
+    if h is None:
+        h = hashlib.blake2b(digest_size=NAME_BYTES, person=b"everybyte.kv")
+        h.update(_DOMAIN)
+        h.update(namespace.digest)
+        _BLOCK_HASHERS[namespace.digest] = h
+    return h
+
+
 def block_id(namespace: KVNamespace, parent: bytes | None, token_ids: Sequence[int]) -> bytes:
     """The name of one full block whose predecessor is named `parent` (None for the first)."""
     if len(token_ids) != namespace.block_size:
@@ -100,10 +114,17 @@ def chain_block_ids(namespace: KVNamespace, token_ids: Sequence[int], block_size
         raise ValueError(f"block_size {bs} differs from the namespace's {namespace.block_size}")
     if start_block > 0 and parent is None:
         raise ValueError("start_block > 0 needs the parent name of block start_block-1")
-    names = []
+    names: list[bytes] = []
+    base, pack = _block_hasher(namespace), struct.Struct(f"<{bs}q").pack
+    name = ROOT_PARENT if parent is None else parent
+    if len(name) != NAME_BYTES:
+        raise ValueError(f"parent name must be {NAME_BYTES} bytes, got {len(name)}")
     for i in range(start_block, len(token_ids) // bs):
-        parent = block_id(namespace, parent, token_ids[i * bs:(i + 1) * bs])
-        names.append(parent)
+        h = base.copy()                     # block_id's bytes, without re-hashing the fixed prefix
+        h.update(name)
+        h.update(pack(*token_ids[i * bs:(i + 1) * bs]))
+        name = h.digest()
+        names.append(name)
     return names
 
 

@@ -55,8 +55,14 @@ class PrefixSessions:
 
     def _reclass(self, block_id: int) -> None:
         """Parked class iff every owner is a parked session; rank = the earliest expected return."""
-        owners = self.owners.get(block_id, ())
-        if owners and all(o in self.parked for o in owners):
+        owners, parked = self.owners.get(block_id, ()), self.parked
+        if len(owners) == 1:                     # the common case, a private block: no generators
+            (o,) = owners
+            if o in parked:
+                self.policy.set_parked(block_id, park_rank(parked[o]))
+            else:
+                self.policy.unpark(block_id)
+        elif owners and all(o in self.parked for o in owners):
             self.policy.set_parked(block_id, min(park_rank(self.parked[o]) for o in owners))
         else:
             self.policy.unpark(block_id)

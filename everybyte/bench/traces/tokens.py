@@ -19,6 +19,7 @@ from everybyte.bench.traces.scaling import Scaling
 
 MARKER_LEN = 4
 _M64 = (1 << 64) - 1
+_A = 0x2545F4914F6CDD1D
 
 
 def key64(*parts) -> int:
@@ -41,7 +42,7 @@ class TokenSpace:
         self.low, self.high = low, high
 
     def token(self, ns: int, a: int, b: int) -> int:
-        return self.low + _mix(ns ^ _mix((a * 0x2545F4914F6CDD1D + b) & _M64)) % (self.high - self.low)
+        return self.low + _mix(ns ^ _mix((a * _A + b) & _M64)) % (self.high - self.low)
 
 
 class SessionPrompts:
@@ -63,12 +64,15 @@ class SessionPrompts:
         turn, sc, bs = self.session.turns[k], self.scaling, self.session.block_size
         h, out = turn.hash_ids, []
         first, end = sc.scaled_pos(rec_a), sc.scaled_pos(rec_b)
+        # TokenSpace.token inlined (the simulator's hot loop): same ids, fewer calls
+        low, span, scale, nh = self.space.low, self.space.high - self.space.low, sc.token_scale, len(h)
+        ns_b, ns_u, tail, mix = self.ns_blocks, self.ns_unique, (-1 - k) * _A, _mix
         for s in range(first if n is None else max(first, end - n), end):
-            block = max(rec_a, int(s * sc.token_scale)) // bs
-            if block < len(h):
-                out.append(self.space.token(self.ns_blocks, h[block], s))
+            block = max(rec_a, int(s * scale)) // bs
+            if block < nh:
+                out.append(low + mix(ns_b ^ mix((h[block] * _A + s) & _M64)) % span)
             else:
-                out.append(self.space.token(self.ns_unique, -1 - k, s))
+                out.append(low + mix(ns_u ^ mix((tail + s) & _M64)) % span)
         return out
 
     def filler(self, k: int, n: int) -> list[int]:

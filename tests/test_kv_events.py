@@ -41,7 +41,7 @@ CONTROL_PLANE = ["everybyte.kv.block_id", "everybyte.kv.prefix_cache", "everybyt
                  "everybyte.kv.eviction", "everybyte.kv.sessions", "everybyte.kv.ledger", "everybyte.kv.events",
                  "everybyte.kv.clock", "everybyte.kv.mover", "everybyte.kv.connector", "everybyte.kv.block_manager",
                  "everybyte.kv.seq_state", "everybyte.kv.session_ops", "everybyte.kv.memory_manager",
-                 "everybyte.kv.tier_movement", "everybyte.engine.scheduler", "everybyte.engine.core", "everybyte.formats.sizes",
+                 "everybyte.kv.tier_movement", "everybyte.engine.scheduler", "everybyte.engine.core", "everybyte.formats.sizes", "everybyte.models.expert_ledger",
                  "everybyte.sim.hardware", "everybyte.sim.cost_model", "everybyte.sim.models",
                  "everybyte.sim.calibration"]
 # = pyproject [tool.mypy] files: the strictly typed, torch-free modules

@@ -87,6 +87,8 @@ def _block_hasher(namespace: KVNamespace) -> Any:
     """A blake2b already fed the domain and namespace digest (copied per block: same bytes as _h)."""
     h = _BLOCK_HASHERS.get(namespace.digest)
     if h is None:
+        if len(_BLOCK_HASHERS) >= 4096:       # one per namespace digest, and tenant salts make many
+            _BLOCK_HASHERS.clear()
         h = hashlib.blake2b(digest_size=NAME_BYTES, person=b"everybyte.kv")
         h.update(_DOMAIN)
         h.update(namespace.digest)

@@ -46,6 +46,16 @@ def test_replay_imbalance_before_and_after():
     assert expert_skew(routing)["mean"] > 1.5
 
 
+def test_replay_window_longer_than_interval():
+    routing = _routing()
+    short = replay_imbalance(routing, 4, 0, interval=10, window=10)
+    long = replay_imbalance(routing, 4, 0, interval=10, window=30)
+    assert (short["window_steps"], long["window_steps"]) == (10, 30)
+    assert replay_imbalance(routing, 4, 0, interval=10)["window_steps"] == 40
+    assert short["before"] == long["before"] and short["rebalances"] == long["rebalances"] == 4
+    assert short["after"] != long["after"]                    # the window changes the placements
+
+
 def test_routing_round_trip(tmp_path):
     routing = _routing(steps=5)
     path = str(tmp_path / "routing.pt")
@@ -62,6 +72,7 @@ def test_routing_round_trip(tmp_path):
 @pytest.mark.parametrize("argv,message", [
     (["--ep", "1,0"], "--ep sizes must be >= 1"),
     (["--eplb-interval", "0"], "--eplb-interval must be >= 1"),
+    (["--eplb-interval", "10", "--eplb-window", "0,5"], "--eplb-window 5 is shorter than --eplb-interval 10"),
 ])
 def test_bad_arguments(argv, message, capsys):
     assert bench_moe_main(argv) == 2

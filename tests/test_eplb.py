@@ -108,6 +108,25 @@ def test_settings_errors():
     with pytest.raises(ValueError, match="use at most 6"):
         EplbSettings(redundant=7).num_replicas(8, 4)
     assert EplbSettings(redundant=2).num_replicas(8, 4) == 16
+    with pytest.raises(ValueError, match="--eplb-window 3 is shorter than --eplb-interval 5"):
+        EplbSettings(interval=5, window=3)
+    with pytest.raises(ValueError, match="--eplb-window must be >= 0"):
+        EplbSettings(window=-1)
+    assert EplbSettings(interval=5).window_steps == 20 and EplbSettings(interval=5, window=7).window_steps == 7
+
+
+def test_controller_uses_the_window_not_just_the_interval():
+    """A rebalance every step from 3 steps of history: the placement sees the old hot expert too."""
+    load = ExpertLoad([0], num_experts=4, window=3)
+    applied: list[list[int]] = []
+    ctl = EplbController(load, 2, EplbSettings(interval=1, window=3), lambda layer, row: applied.append(row))
+    load.count(0, torch.tensor([[0, 1]] * 10))        # experts 0 and 1 (rank 0) hot in step 1
+    ctl.on_step()
+    load.count(0, torch.tensor([[2, 3]] * 2))         # a quiet step 2
+    ctl.on_step()
+    assert load.window_counts().tolist() == [[10, 10, 2, 2]]
+    assert sorted(applied[-1][:2]) != [2, 3]          # an interval-long window would put 2, 3 together
+    assert layer_imbalance(load.window_counts(), [applied[-1]], 2) == [1.0]
 
 
 def test_sliding_window():
@@ -177,6 +196,7 @@ def test_attach_eplb_counts_every_block_and_applies_per_layer():
     model = torch.nn.Sequential(_block(cfg, 0, (0, 1)), torch.nn.Identity(), _block(cfg, 2, (3, 2)))
     applied: dict[int, list[int]] = {}
     ctl = attach_eplb(model, [0, 2], 4, 2, EplbSettings(redundant=1, interval=1), applied.__setitem__)
+    assert ctl.load.steps.maxlen == 4                          # the default window: 4 intervals
     model(torch.ones(6, 8))
     assert ctl.on_step() and sorted(applied) == [0, 2]
     assert ctl.load.window_counts().tolist() == [[6, 6, 0, 0], [0, 0, 6, 6]]

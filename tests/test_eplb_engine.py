@@ -38,6 +38,9 @@ def test_rebalancing_while_serving_keeps_every_token(moe_dir, reference):  # noq
     (dict(eplb_interval=-1, expert_parallel=2), "--eplb-interval must be an int >= 0"),
     (dict(eplb_redundant=1, expert_parallel=2), "--eplb-redundant needs --eplb-interval"),
     (dict(eplb_redundant=-2, eplb_interval=3, expert_parallel=2), "--eplb-redundant must be an int >= 0"),
+    (dict(eplb_window=8, expert_parallel=2), "--eplb-window needs --eplb-interval"),
+    (dict(eplb_window=-1, eplb_interval=3, expert_parallel=2), "--eplb-window must be an int >= 0"),
+    (dict(eplb_window=2, eplb_interval=3, expert_parallel=2), "--eplb-window 2 is shorter than --eplb-interval 3"),
 ])
 def test_settings_out_of_range(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -46,6 +49,6 @@ def test_settings_out_of_range(kwargs, message):
 
 def test_flags_reach_the_config():
     args = add_engine_args(argparse.ArgumentParser()).parse_args(
-        ["--expert-parallel", "2", "--eplb-interval", "50", "--eplb-redundant", "2"])
+        ["--expert-parallel", "2", "--eplb-interval", "50", "--eplb-redundant", "2", "--eplb-window", "400"])
     cfg = EngineConfig(**engine_kwargs(args))
-    assert (cfg.eplb_interval, cfg.eplb_redundant, cfg.expert_parallel) == (50, 2, 2)
+    assert (cfg.eplb_interval, cfg.eplb_redundant, cfg.expert_parallel, cfg.eplb_window) == (50, 2, 2, 400)

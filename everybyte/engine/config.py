@@ -70,6 +70,7 @@ class EngineConfig:
     expert_parallel: int = 1               # ranks a MoE model's experts are split over (engine/ep)
     eplb_interval: int = 0                 # rebalance experts every this many steps (engine/eplb); 0 = off
     eplb_redundant: int = 0                # redundant expert slots per rank when rebalancing
+    eplb_window: int = 0                   # load history in steps (>= interval); 0 = 4 intervals
 
     def __post_init__(self):
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -95,6 +96,6 @@ class EngineConfig:
         if not isinstance(self.expert_parallel, int) or isinstance(self.expert_parallel, bool) \
                 or self.expert_parallel < 1:
             raise ValueError(f"expert_parallel must be an int >= 1, got {self.expert_parallel!r}")
-        check_eplb_settings(self.expert_parallel, self.eplb_interval, self.eplb_redundant)
+        check_eplb_settings(self.expert_parallel, self.eplb_interval, self.eplb_redundant, self.eplb_window)
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len!r}")

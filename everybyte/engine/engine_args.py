@@ -29,7 +29,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "the expert count); README: Expert parallelism")
     g.add_argument("--eplb-interval", type=int, default=0, metavar="STEPS",
                    help="with --expert-parallel: rebalance the experts (DeepSeek's EPLB) every STEPS steps from "
-                        "the load of the last STEPS steps; 0 (default) = never; README: Expert placement")
+                        "the load window (--eplb-window); 0 (default) = never; README: Expert placement")
+    g.add_argument("--eplb-window", type=int, default=0, metavar="STEPS",
+                   help="with --eplb-interval: the load history a placement is computed from, >= the interval; "
+                        "0 (default) = 4 intervals")
     g.add_argument("--eplb-redundant", type=int, default=0, metavar="R",
                    help="redundant expert slots per rank a rebalance may fill with replicas of hot experts")
     g.add_argument("--kv-tiers", default="host:1GiB",
@@ -49,5 +52,6 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
             "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
             "device": args.device, "kv_tiers": args.kv_tiers, "expert_parallel": args.expert_parallel,
             "eplb_interval": args.eplb_interval, "eplb_redundant": args.eplb_redundant,
+            "eplb_window": args.eplb_window,
             "enable_prefix_caching": not args.no_prefix_caching, "offload_on_park": not args.no_offload_on_park,
             "kv_exact_tail": not args.no_kv_exact_tail}

@@ -1,5 +1,6 @@
 """EPLB in the engine: `--eplb-interval STEPS` (0 = off) and `--eplb-redundant R` with
-`--expert-parallel N`. Rank 0 routes every token, so it alone counts the load (MoEBlock.load_counter)
+`--expert-parallel N`, from `--eplb-window STEPS` of load history. Rank 0 routes every token, so
+it alone counts the load (MoEBlock.load_counter)
 and, every STEPS engine steps, computes the new placement (models/expert_load) and moves the
 experts through ExpertParallel.apply_placement. It runs as an EngineCore observer: after a step's
 forward, before the next, so requests keep running and the next step uses the new placement.
@@ -13,13 +14,17 @@ from everybyte.models.expert_load import EplbController, EplbSettings, attach_ep
 from everybyte.models.expert_placement import ExpertPlacement
 
 
-def check_eplb_settings(expert_parallel: int, eplb_interval: int, eplb_redundant: int) -> None:
+def check_eplb_settings(expert_parallel: int, eplb_interval: int, eplb_redundant: int, eplb_window: int = 0) -> None:
     """Clear errors for EPLB settings out of range (EngineConfig calls this)."""
-    for name, v in (("eplb_interval", eplb_interval), ("eplb_redundant", eplb_redundant)):
+    for name, v in (("eplb_interval", eplb_interval), ("eplb_redundant", eplb_redundant), ("eplb_window", eplb_window)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be an int >= 0, got {v!r}")
     if eplb_redundant and not eplb_interval:
         raise ValueError("--eplb-redundant needs --eplb-interval STEPS (how often to rebalance)")
+    if eplb_window and not eplb_interval:
+        raise ValueError("--eplb-window needs --eplb-interval STEPS (how often to rebalance)")
+    if eplb_interval:
+        EplbSettings(redundant=eplb_redundant, interval=eplb_interval, window=eplb_window)    # window >= interval
     if eplb_interval and expert_parallel < 2:
         raise ValueError("--eplb-interval balances experts across ranks; it needs --expert-parallel N with N >= 2")
 
@@ -30,7 +35,8 @@ def start_eplb(llm: Any) -> EplbController | None:
     if not cfg.eplb_interval or ep is None:
         return None
     mc, ranks = llm.model_config, ep.group.world_size
-    settings = EplbSettings(redundant=cfg.eplb_redundant, interval=cfg.eplb_interval)
+    settings = EplbSettings(redundant=cfg.eplb_redundant, interval=cfg.eplb_interval,
+                            window=cfg.eplb_window)
 
     def apply(layer: int, physical_to_logical: list[int]) -> None:
         ep.apply_placement(layer, ExpertPlacement(mc.num_experts, ranks, 0, physical_to_logical,

@@ -1,5 +1,5 @@
 """Expert load over a sliding window of steps, the imbalance of a placement, and the controller
-that rebalances every `--eplb-interval` steps.
+that rebalances every `--eplb-interval` steps from the load of the last `--eplb-window` steps.
 
 `ExpertLoad.count` is what `MoEBlock.load_counter` is set to: (layer index, logical ids [T, k]).
 `end_step()` closes a step; the window keeps the last `window` closed steps. The imbalance of a
@@ -17,12 +17,18 @@ import torch
 from everybyte.models.eplb import imbalance, rank_loads, rebalance
 from everybyte.models.moe import MoEBlock
 
+WINDOW_INTERVALS = 4    # default load window, in rebalance intervals
+
 
 @dataclass(frozen=True)
 class EplbSettings:
-    """--eplb-redundant R (extra slots per rank) and --eplb-interval STEPS (also the window)."""
+    """--eplb-redundant R (extra slots per rank), --eplb-interval STEPS (how often to rebalance) and
+    --eplb-window STEPS (how much history the placement is computed from; 0 = WINDOW_INTERVALS
+    intervals: like DeepSeek and vLLM, a longer history than the rebalance step, since a short
+    window's per-expert counts are too noisy to predict the next interval from)."""
     redundant: int = 0
     interval: int = 1000
+    window: int = 0
     num_groups: int = 1
     num_nodes: int = 1
 
@@ -31,6 +37,16 @@ class EplbSettings:
             raise ValueError(f"--eplb-redundant must be >= 0 redundant experts per rank, got {self.redundant}")
         if self.interval < 1:
             raise ValueError(f"--eplb-interval must be >= 1 step, got {self.interval}")
+        if self.window < 0:
+            raise ValueError(f"--eplb-window must be >= 0 steps (0 = {WINDOW_INTERVALS} intervals), got {self.window}")
+        if self.window and self.window < self.interval:
+            raise ValueError(f"--eplb-window {self.window} is shorter than --eplb-interval {self.interval}: "
+                             f"steps between rebalances would never count; use 0 (default) or >= {self.interval}")
+
+    @property
+    def window_steps(self) -> int:
+        """The load window in steps: --eplb-window, or WINDOW_INTERVALS intervals when 0."""
+        return self.window or WINDOW_INTERVALS * self.interval
 
     def num_replicas(self, num_experts: int, num_ranks: int) -> int:
         """Physical slots in all for `num_experts` over `num_ranks` ranks; a clear error when the
@@ -143,13 +159,13 @@ class EplbController:
 
 def attach_eplb(model: torch.nn.Module, moe_layers: Sequence[int], num_experts: int, num_ranks: int,
                 settings: EplbSettings, apply: ApplyFn) -> EplbController:
-    """Count every MoE block's routing into a window of `settings.interval` steps and return the
+    """Count every MoE block's routing into a window of `settings.window_steps` steps and return the
     controller; the caller runs `on_step()` after each step (on every rank: each routes the same
     tokens, so each computes the same placement)."""
     blocks = moe_blocks(model)
     if not blocks:
         raise ValueError("EPLB needs a mixture-of-experts model; this one has no MoE block")
-    load = ExpertLoad(moe_layers, num_experts, window=settings.interval)
+    load = ExpertLoad(moe_layers, num_experts, window=settings.window_steps)
     for block in blocks:
         block.load_counter = load.count
     return EplbController(load, num_ranks, settings, apply)

@@ -35,7 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "`everybyte moe-ify` builds from the default model, 8 experts, top-2, cached)")
     p.add_argument("--ep", type=_ints, default=[1, 2, 4], help="expert-parallel sizes (default 1,2,4)")
     p.add_argument("--redundant", type=_ints, default=[0, 1, 2], help="redundant experts per rank (default 0,1,2)")
-    p.add_argument("--eplb-interval", type=int, default=50, help="steps between rebalances, also the load window")
+    p.add_argument("--eplb-interval", type=int, default=50, help="steps between rebalances (default 50)")
+    p.add_argument("--eplb-window", type=_ints, default=[0], metavar="STEPS,...",
+                   help="load windows to compare, each >= the interval; 0 = 4 intervals (default 0)")
     r = p.add_argument_group("routing replay")
     r.add_argument("--trace", default=None, help="agent sessions (default: the shared ones; see bench agentic)")
     r.add_argument("--max-sessions", type=int, default=8, help="sessions replayed (default 8)")
@@ -62,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _check(a: argparse.Namespace) -> None:
     if 0 in a.ep:
         raise ValueError("--ep sizes must be >= 1")
+    from everybyte.models.expert_load import EplbSettings
+
+    for w in a.eplb_window:
+        EplbSettings(interval=a.eplb_interval, window=w)    # its range errors
     for name in ("eplb_interval", "max_sessions", "concurrency", "max_turns", "prefill_len", "decode_batch",
                  "new_tokens", "max_output"):
         if getattr(a, name) < 1:
@@ -171,8 +177,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     llm = LLMEngine(model, **_engine_kwargs(a))
     routing = routing_for(llm, a)
     mc = llm.model_config
-    imbalance = [replay_imbalance(routing, n, r, a.eplb_interval) for n in a.ep if n > 1 for r in a.redundant
-                 if mc.num_experts % n == 0 and mc.num_experts // n + r <= mc.num_experts]
+    imbalance = [replay_imbalance(routing, n, r, a.eplb_interval, w) for n in a.ep if n > 1 for r in a.redundant
+                 for w in a.eplb_window if mc.num_experts % n == 0 and mc.num_experts // n + r <= mc.num_experts]
     out: dict[str, Any] = {
         "benchmark": "moe", "model": mc.model_id, "num_experts": mc.num_experts, "top_k": mc.num_experts_per_tok,
         "moe_layers": len(routing.moe_layers), "eplb_interval_steps": a.eplb_interval,

@@ -2,8 +2,8 @@
 
 "before": the contiguous split with no replicas (rank r holds experts [r*E/N, (r+1)*E/N)).
 "after" (replay): the real EplbController stepped over the recorded steps; each placement is
-computed from the window of the previous `interval` steps and judged on the next `interval`
-steps (what a server sees: it never balances on load it has not seen). The first interval has
+computed from the load of the previous `window` steps (the engine's --eplb-window; 0 = its
+default of several intervals) and judged on the next `interval` steps (what a server sees: it never balances on load it has not seen). The first interval has
 no placement yet and is left out of both figures.
 "in_sample": one placement from all the recorded load, judged on the same load (the bound).
 Per layer and window: max / mean tokens per rank, an expert's tokens split evenly over its replicas.
@@ -25,11 +25,11 @@ def _summary(values: list[float]) -> dict[str, float | int]:
     return {"mean": round(mean(values), 4), "max": round(max(values), 4), "n": len(values)}
 
 
-def replay_imbalance(routing: Routing, num_ranks: int, redundant: int, interval: int) -> dict:
-    """Before/after imbalance over the recorded steps for one EP size and redundancy."""
-    settings = EplbSettings(redundant=redundant, interval=interval)
+def replay_imbalance(routing: Routing, num_ranks: int, redundant: int, interval: int, window: int = 0) -> dict:
+    """Before/after imbalance over the recorded steps for one EP size, redundancy and load window."""
+    settings = EplbSettings(redundant=redundant, interval=interval, window=window)
     layers, experts = routing.moe_layers, routing.num_experts
-    load = ExpertLoad(layers, experts, window=interval)
+    load = ExpertLoad(layers, experts, window=settings.window_steps)
     pending: dict[int, list[int]] = {}
     ctl = EplbController(load, num_ranks, settings, lambda layer, row: pending.__setitem__(layer, row))
     before_maps = identity_maps(len(layers), experts)
@@ -52,7 +52,7 @@ def replay_imbalance(routing: Routing, num_ranks: int, redundant: int, interval:
     judge()
     total = routing.total()
     in_sample_maps = rebalance(total, ctl.num_replicas, 1, 1, num_ranks)[0]
-    return {"ep": num_ranks, "redundant_per_rank": redundant, "slots_per_rank": ctl.num_replicas // num_ranks,
+    return {"ep": num_ranks, "redundant_per_rank": redundant, "window_steps": settings.window_steps, "slots_per_rank": ctl.num_replicas // num_ranks,
             "rebalances": ctl.rebalances, "before": _summary(before), "after": _summary(after),
             "in_sample_before": _summary(layer_imbalance(total, before_maps, num_ranks)),
             "in_sample_after": _summary(layer_imbalance(total, in_sample_maps, num_ranks))}

@@ -33,11 +33,9 @@ class PrefixSessions:
     parked: dict[Hashable, float | None]             # session -> expected return (None: unknown)
     _freed_at: list[int]                             # when each block was last freed (a tick)
 
-    def _cached_name(self, block_id: int) -> bytes:
-        raise NotImplementedError
+    _cached_name: Callable[[int], bytes]   # the host class's
 
-    def _forget(self, block_id: int) -> bytes | None:
-        raise NotImplementedError
+    _forget: Callable[[int], bytes | None]   # the host class's
 
     def _own(self, block_id: int, owner: Hashable) -> None:
         owners = self.owners.setdefault(block_id, set())

@@ -157,9 +157,6 @@ def test_ray_launcher_places_workers_as_actors(ray_head):
 
 
 def test_cluster_with_its_router():
-    from everybyte.cli import COMMANDS
-    if "router" not in COMMANDS:
-        pytest.skip("`everybyte router` is not in this tree (it comes with the router branch)")
     port = free_port()
     launcher = Launcher("--workers", "2", "--port", str(port), *SMALL, router=True)
     try:

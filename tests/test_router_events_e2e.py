@@ -1,14 +1,12 @@
 """The router on real workers that publish KV events (`serve --kv-events`, cluster contract §1-2).
 
-Skipped where `serve` has no --kv-events yet (the events branch brings it). The router's block
+The router's block
 names for a chat prompt equal the BlockStored hashes the worker publishes over ZeroMQ, and the
 router learns from events alone: a prompt sent straight to one worker (past the router) is
 indexed from that worker's events, and the router then sends the same prompt there.
 """
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 
 import httpx
@@ -19,14 +17,6 @@ from test_router_e2e import ENGINE, LONG, complete, routed_to, router
 from everybyte.cluster.event_feed import EventFeed
 from everybyte.cluster.request_blocks import RequestBlocks, block_names, load_tokenizer, namespace_from_info
 from everybyte.kv.events import BlockStored
-
-
-def _serve_has_kv_events() -> bool:
-    out = subprocess.run([sys.executable, "-m", "everybyte.cli", "serve", "--help"], capture_output=True, text=True)
-    return "--kv-events" in out.stdout
-
-
-pytestmark = pytest.mark.skipif(not _serve_has_kv_events(), reason="serve has no --kv-events on this branch")
 
 
 def wait_for(cond, timeout=60.0):

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from everybyte.bench.traces import TraceError, detect_format, load_trace
-from everybyte.bench.traces.scaling import Scaling
-from everybyte.bench.traces.synthetic import SyntheticSpec, generate
-from everybyte.bench.traces.tokens import MARKER_LEN, SessionPrompts, TokenSpace
+from everybyte.traces import TraceError, detect_format, load_trace
+from everybyte.traces.scaling import Scaling
+from everybyte.traces.synthetic import SyntheticSpec, generate
+from everybyte.traces.tokens import MARKER_LEN, SessionPrompts, TokenSpace
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
 AGENT = SHARED / "agent_sessions"
@@ -160,7 +160,7 @@ def test_scaling_rules():
     sc = Scaling.defaults("agent_sessions", model_window=2048)
     assert (sc.token_scale, sc.output_scale, sc.max_context) == (64.0, 16.0, 2048)
     assert Scaling.defaults("mooncake").token_scale == 16.0 and Scaling.defaults("synthetic").token_scale == 1.0
-    from everybyte.bench.traces.model import Turn
+    from everybyte.traces.model import Turn
     t = Turn(index=1, t=0, input_tokens=6400, output_tokens=4000, gap_s=100.0)
     assert sc.output_len(t) == 64 and sc.gap(t) == 3.0
     t.output_tokens, t.gap_s = 3, 12.0

@@ -10,30 +10,18 @@ import asyncio
 import os
 import sys
 import uuid
-from pathlib import Path
 
 from everybyte.bench.replay.backend import EndpointError
 from everybyte.bench.replay.driver import Replay, ReplayConfig
 from everybyte.bench.replay.metrics import summarize
 from everybyte.bench.replay.report import hardware, versions, write_files
 from everybyte.bench.report import emit
-from everybyte.bench.traces import FORMATS, TraceError, load_trace
-from everybyte.bench.traces.scaling import Scaling
-from everybyte.bench.traces.tokens import MARKER_LEN, TokenSpace
+from everybyte.traces import FORMATS, TraceError, load_trace
+from everybyte.traces.locate import default_trace
+from everybyte.traces.scaling import Scaling
+from everybyte.traces.tokens import MARKER_LEN, TokenSpace
 
 PROG = "everybyte bench agentic"
-
-
-def default_trace() -> str:
-    """The shared agent sessions next to the repository (../shared/data/traces), else synthetic."""
-    env = os.environ.get("EVERYBYTE_TRACES")
-    roots = [Path(env)] if env else []
-    roots += [Path(__file__).resolve().parents[2].parent / "shared", Path.cwd().parent / "shared", Path.cwd() / "shared"]
-    for root in roots:
-        for cand in (root / "data/traces/agent_sessions", root / "agent_sessions", root):
-            if cand.is_dir() and any(cand.glob("*.json")):
-                return str(cand)
-    return "synthetic"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,19 +1,11 @@
 """Every `everybyte bench ...` prints one JSON object on stdout and writes it to --json PATH."""
 from __future__ import annotations
 
-import json
 import os
 import platform
 import sys
 
-
-def emit(result: dict, json_path: str | None) -> None:
-    text = json.dumps(result, indent=2, sort_keys=False, default=float)
-    print(text)
-    if json_path:
-        os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
-        with open(json_path, "w") as f:
-            f.write(text + "\n")
+from everybyte.json_output import emit  # noqa: F401  (bench commands import it from here)
 
 
 def environment() -> dict:

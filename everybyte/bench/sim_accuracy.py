@@ -16,9 +16,6 @@ from typing import Any
 
 from everybyte.bench.agentic import default_trace
 from everybyte.bench.report import emit
-from everybyte.bench.traces import TraceError, load_trace
-from everybyte.bench.traces.scaling import Scaling
-from everybyte.bench.traces.tokens import TokenSpace
 from everybyte.engine.engine_args import add_engine_args, engine_kwargs
 from everybyte.sim.calibration import StepFit, fit_steps
 from everybyte.sim.cost_model import CostModel
@@ -27,6 +24,9 @@ from everybyte.sim.hardware import CPU, get_hardware
 from everybyte.sim.models import get_model
 from everybyte.sim.runner import RunConfig, Runner
 from everybyte.sim.worker import SimPool, SimWorker, WorkerSpec
+from everybyte.traces import TraceError, load_trace
+from everybyte.traces.scaling import Scaling
+from everybyte.traces.tokens import TokenSpace
 
 PROG = "everybyte bench sim-accuracy"
 TARGET = 0.10

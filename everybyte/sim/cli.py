@@ -6,16 +6,16 @@ import argparse
 import json
 import sys
 
-from everybyte.bench.report import emit
-from everybyte.bench.traces import FORMATS, TraceError, load_trace
-from everybyte.bench.traces.scaling import Scaling
-from everybyte.bench.traces.tokens import TokenSpace
 from everybyte.formats.sizes import KV_CACHE_DTYPES, WEIGHT_FORMATS
+from everybyte.json_output import emit
 from everybyte.sim.build import SimConfig, build
 from everybyte.sim.calibration import StepFit, StepSample, fit_steps
 from everybyte.sim.hardware import get_hardware, names
 from everybyte.sim.models import BUILTIN, get_model
 from everybyte.sim.runner import ROUTES, RunConfig, Runner
+from everybyte.traces import FORMATS, TraceError, load_trace
+from everybyte.traces.scaling import Scaling
+from everybyte.traces.tokens import TokenSpace
 
 PROG = "everybyte sim"
 

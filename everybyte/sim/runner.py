@@ -14,13 +14,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from everybyte.bench.traces.model import Session, Trace
-from everybyte.bench.traces.scaling import Scaling
-from everybyte.bench.traces.tokens import SessionPrompts, TokenSpace
 from everybyte.engine.sampling_params import SamplingParams
 from everybyte.engine.sequence import Sequence
 from everybyte.sim.metrics import TurnRecord, summarize
 from everybyte.sim.worker import SimWorker
+from everybyte.traces.model import Session, Trace
+from everybyte.traces.scaling import Scaling
+from everybyte.traces.tokens import SessionPrompts, TokenSpace
 
 ARRIVE, STEP = 0, 1
 

@@ -9,12 +9,12 @@ import copy
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from everybyte.bench.traces.model import Trace
-from everybyte.bench.traces.scaling import Scaling
-from everybyte.bench.traces.tokens import TokenSpace
 from everybyte.sim.build import SimConfig, build
 from everybyte.sim.hardware import get_hardware
 from everybyte.sim.runner import RunConfig, Runner
+from everybyte.traces.model import Trace
+from everybyte.traces.scaling import Scaling
+from everybyte.traces.tokens import TokenSpace
 
 EPLB_BEFORE, EPLB_AFTER = 2.56, 1.11          # ../shared/specs/nvfp4.md: DeepSeek-R1 at EP32, max/mean
 HOST_BYTES_PER_GPU = 256 << 30                 # staging room where the catalog has a host link but no size

@@ -8,10 +8,7 @@ import os
 import sys
 from dataclasses import asdict
 
-from everybyte.bench.agentic import default_trace
-from everybyte.bench.report import emit
-from everybyte.bench.traces import TraceError, load_trace
-from everybyte.bench.traces.scaling import Scaling
+from everybyte.json_output import emit
 from everybyte.sim.expert_parallel import ExpertParallel
 from everybyte.sim.models import get_model
 from everybyte.sim.whatif import (
@@ -25,6 +22,9 @@ from everybyte.sim.whatif import (
     watts_per_gpu,
 )
 from everybyte.sim.whatif_report import claims, markdown, plot
+from everybyte.traces import TraceError, load_trace
+from everybyte.traces.locate import default_trace
+from everybyte.traces.scaling import Scaling
 
 PROG = "everybyte sim whatif"
 

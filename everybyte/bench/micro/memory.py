@@ -21,9 +21,9 @@ from everybyte.bench.micro.memory_replay import Replay
 from everybyte.bench.micro.memory_report import fmt_num, goals, markdown, plot
 from everybyte.bench.micro.memory_tiers import measure_tiers
 from everybyte.bench.report import emit, environment
-from everybyte.bench.traces import load_trace
-from everybyte.bench.traces.scaling import Scaling
-from everybyte.bench.traces.tokens import TokenSpace
+from everybyte.traces import load_trace
+from everybyte.traces.scaling import Scaling
+from everybyte.traces.tokens import TokenSpace
 
 RUNS = {   # name -> (kv_cache_dtype, prefix caching, kv_tiers, park during gaps)
     "levers_off": ("fp16", False, "none", False),

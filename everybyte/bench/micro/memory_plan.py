@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from everybyte.bench.traces.model import Session
-from everybyte.bench.traces.scaling import Scaling
-from everybyte.bench.traces.tokens import SessionPrompts, TokenSpace
+from everybyte.traces.model import Session
+from everybyte.traces.scaling import Scaling
+from everybyte.traces.tokens import SessionPrompts, TokenSpace
 
 PROG = "everybyte bench memory"
 

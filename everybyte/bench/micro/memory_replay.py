@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from everybyte.bench.micro.memory_plan import Plan
-from everybyte.bench.traces.tokens import SessionPrompts
+from everybyte.traces.tokens import SessionPrompts
 
 G1_KEYS = ("weights", "running_kv", "parked_kv", "cached_kv", "free", "waste", "total")
 

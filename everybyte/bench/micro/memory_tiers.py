@@ -6,7 +6,7 @@ import os
 import statistics
 import time
 
-from everybyte.bench.traces.tokens import TokenSpace
+from everybyte.traces.tokens import TokenSpace
 
 # ---- tiers: bandwidth, and a 2K-token prefix loaded vs recomputed ------------------------------
 REPS = 7

@@ -120,8 +120,8 @@ def ledger(llm: Any, a: argparse.Namespace) -> dict[str, Any]:
 def routing_for(llm: Any, a: argparse.Namespace) -> Any:
     from everybyte.bench.agentic import default_trace
     from everybyte.bench.micro.moe_routing import Routing, record_routing
-    from everybyte.bench.traces import load_trace
-    from everybyte.bench.traces.scaling import Scaling
+    from everybyte.traces import load_trace
+    from everybyte.traces.scaling import Scaling
 
     if a.routing:
         return Routing.load(a.routing)

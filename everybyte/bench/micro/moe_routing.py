@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
-from everybyte.bench.traces import Trace
-from everybyte.bench.traces.scaling import Scaling
-from everybyte.bench.traces.tokens import SessionPrompts, TokenSpace
 from everybyte.models.expert_load import ExpertLoad, moe_blocks
+from everybyte.traces import Trace
+from everybyte.traces.scaling import Scaling
+from everybyte.traces.tokens import SessionPrompts, TokenSpace
 
 
 @dataclass

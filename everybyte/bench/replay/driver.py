@@ -18,9 +18,9 @@ from everybyte.bench.replay.backend import GenRequest, GenResult
 from everybyte.bench.replay.clock import GapClock
 from everybyte.bench.replay.joiner import Joiner
 from everybyte.bench.replay.metrics import turn_record
-from everybyte.bench.traces.model import Session, Trace
-from everybyte.bench.traces.scaling import Scaling
-from everybyte.bench.traces.tokens import SessionPrompts, TokenSpace
+from everybyte.traces.model import Session, Trace
+from everybyte.traces.scaling import Scaling
+from everybyte.traces.tokens import SessionPrompts, TokenSpace
 
 
 @dataclass

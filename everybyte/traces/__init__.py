@@ -8,10 +8,10 @@ from __future__ import annotations
 import glob
 import os
 
-from everybyte.bench.traces import agent_sessions, azure, mooncake
-from everybyte.bench.traces.errors import Records, TraceError
-from everybyte.bench.traces.model import Session, Trace, Turn
-from everybyte.bench.traces.synthetic import SyntheticSpec, generate
+from everybyte.traces import agent_sessions, azure, mooncake
+from everybyte.traces.errors import Records, TraceError
+from everybyte.traces.model import Session, Trace, Turn
+from everybyte.traces.synthetic import SyntheticSpec, generate
 
 FORMATS = ("agent_sessions", "mooncake", "azure", "synthetic")
 

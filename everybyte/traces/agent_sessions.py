@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 import os
 
-from everybyte.bench.traces.errors import Records, need_ids, need_int, need_num
-from everybyte.bench.traces.model import Session, Trace, Turn, assign_agents, link_session
+from everybyte.traces.errors import Records, need_ids, need_int, need_num
+from everybyte.traces.model import Session, Trace, Turn, assign_agents, link_session
 
 
 def looks_like(path: str) -> bool:

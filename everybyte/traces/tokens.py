@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import hashlib
 
-from everybyte.bench.traces.model import Session
-from everybyte.bench.traces.scaling import Scaling
+from everybyte.traces.model import Session
+from everybyte.traces.scaling import Scaling
 
 MARKER_LEN = 4
 _M64 = (1 << 64) - 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from everybyte.bench.traces.model import Turn
+from everybyte.traces.model import Turn
 
 # Defaults for the embedded SmolLM2-135M (8K window) on a 2-core CPU: contexts of ~1-3K tokens,
 # outputs of a few to 64 tokens, gaps of ~0.5-3 s.

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 
-from everybyte.bench.traces.errors import Records, need_ids, need_int, need_num
-from everybyte.bench.traces.model import Session, Trace, Turn
+from everybyte.traces.errors import Records, need_ids, need_int, need_num
+from everybyte.traces.model import Session, Trace, Turn
 
 BLOCK_SIZE = 512
 

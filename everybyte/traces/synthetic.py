@@ -11,7 +11,7 @@ import math
 import random
 from dataclasses import asdict, dataclass, fields
 
-from everybyte.bench.traces.model import Session, Trace, Turn, link_session
+from everybyte.traces.model import Session, Trace, Turn, link_session
 
 
 @dataclass

@@ -7,8 +7,8 @@ from __future__ import annotations
 import csv
 from datetime import datetime
 
-from everybyte.bench.traces.errors import Records, need_int
-from everybyte.bench.traces.model import Session, Trace, Turn
+from everybyte.traces.errors import Records, need_int
+from everybyte.traces.model import Session, Trace, Turn
 
 COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 

@@ -183,7 +183,11 @@ def test_another_namespace_is_refused(workers, prompt_ids):
         assert _tokens(out) == _tokens(reference) and _cached(out) == 0
         assert _metric(decode, "everybyte:kv_transfer_refused_total") == refused + 1
         # nvfp4 block names sent to the fp8 worker's connector: it refuses to answer them
-        ids = prompt_ids[4:] + prompt_ids[:4]          # blocks the decode worker has not computed yet
+        # blocks the decode worker has not computed yet; a rotation without a near-tie in its greedy
+        # tokens (top-2 margin >= 0.3 nats). Rotating by 4 has a 0.0007-nat tie at its third token;
+        # it failed in 1 of ~15 loaded runs and never in isolation (cause not found: a last-bit
+        # difference, amplified by NVFP4 rounding, is enough to flip such a tie)
+        ids = prompt_ids[7:] + prompt_ids[:7]
         reference = _complete(both, ids)
         mine = _prefill(prefill, ids)
         out = _decode(decode, ids, {**mine, "remote_endpoint": params["remote_endpoint"]})

@@ -36,6 +36,28 @@ def test_both_runs_happened_and_the_errors_come_from_them(result):
     assert r["held_out_sessions"] != r["calibration"]["sessions"]
 
 
+def test_the_calibration_brackets_the_held_out_run(result):
+    r, _ = result
+    assert r["calibration"]["runs"] == 2                              # replayed before and after
+    assert set(r["host"]["load_average_1m_after"]) == {"calibration", "held_out", "calibration_after"}
+    drift = r["host"]["drift"]
+    assert drift["calibration_after_vs_before"] > -1 and drift["held_out_steps_measured_vs_fit"] > -1
+    moved = drift["calibration_after_vs_before"]
+    assert ("warning" in r["host"]) == (abs(moved) > r["target"])
+
+
+def test_host_drift_compares_each_calibration_on_the_held_out_shapes():
+    from everybyte.sim.calibration import StepSample, fit_steps
+    shapes = [(t, 100 * t, s) for t in (1, 4, 16, 64, 128) for s in (1, 2, 4)]
+    slow = [StepSample(t, a, s, 0.01 + 0.002 * t + 1e-6 * a + 0.001 * s) for t, a, s in shapes]
+    fast = [StepSample(x.tokens, x.attended, x.seqs, x.seconds / 2) for x in slow]
+    held = fast[:6]
+    fit = fit_steps(slow + fast)
+    d = sim_accuracy.host_drift(slow, fast, held, fit)
+    assert d["calibration_after_vs_before"] == pytest.approx(-0.5, rel=1e-6)
+    assert d["held_out_steps_measured_vs_fit"] < 0                  # the held-out steps ran at the fast speed
+
+
 def test_the_fit_is_a_sim_calibration_file(result):
     from everybyte.sim.calibration import StepFit
     r, out = result

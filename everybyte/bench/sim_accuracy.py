@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import sys
 from typing import Any
 
@@ -51,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--rate", type=float, default=1.0, help="sessions/s (the recorded starts are all 0)")
     t.add_argument("--no-park", action="store_true", help="do not park sessions during tool gaps")
     t.add_argument("--vocab-range", default="1000,30000")
+    p.add_argument("--no-bracket", action="store_true", help="calibrate only before the held-out run (default: "
+                   "replay the calibration sessions again after it and fit both)")
     p.add_argument("--calibration-out", default=None, help="save the fit here (a `sim run --calibration` file)")
     p.add_argument("--json", default=None)
     add_engine_args(p)
@@ -159,10 +162,24 @@ def _warm_up(engine, params) -> None:
     engine.generate([a + list(range(3000, 3040))], params, session_id="warm-up")
 
 
-def calibrate(samples, bandwidth: dict[str, float], info: dict) -> StepFit:
+def calibrate(samples, bandwidths: list[dict[str, float]], info: dict) -> StepFit:
+    """The fit to every sample, with each tier's load bandwidth averaged over the runs measuring it."""
     fit = fit_steps(samples, info)
-    fit.tiers = {level: {"bytes_per_s": bw, "latency_s": 0.0} for level, bw in bandwidth.items() if bw > 0}
+    levels = {level for bw in bandwidths for level, v in bw.items() if v > 0}
+    for level in sorted(levels):
+        seen = [bw[level] for bw in bandwidths if bw.get(level, 0) > 0]
+        fit.tiers[level] = {"bytes_per_s": sum(seen) / len(seen), "latency_s": 0.0}
     return fit
+
+
+def host_drift(first, second, held_out, fit: StepFit) -> dict:
+    """Each calibration run fitted alone, judged on the held-out run's step shapes: how much the
+    host's speed moved between them; and the combined fit's error on the held-out steps' time."""
+    info = {"machine": "this machine"}
+    a, b = fit_steps(first, info).total_seconds(held_out), fit_steps(second, info).total_seconds(held_out)
+    measured = sum(x.seconds for x in held_out)
+    return {"calibration_after_vs_before": b / a - 1 if a else None,
+            "held_out_steps_measured_vs_fit": measured / fit.total_seconds(held_out) - 1}
 
 
 def run(args) -> dict:
@@ -171,21 +188,36 @@ def run(args) -> dict:
     held = _sessions(s.trace, args.calibration_sessions, args.held_out_sessions, args.turns_per_session)
     print(f"{PROG}: calibrating on {len(calib.sessions)} sessions, predicting {len(held.sessions)} held-out "
           f"sessions ({s.scaling.describe()['rule']})", file=sys.stderr)
+    load: dict[str, float] = {}
     calib_summary, calib_worker = s.real_run(calib)
-    fit = calibrate(calib_worker.core.samples, calib_worker.tier_bandwidth,
-                    {"machine": "this machine (cpu-this-machine)", "trace_sessions": [x.id for x in calib.sessions],
-                     "model": calib_worker.engine.model_config.model_id})
+    load["calibration"] = os.getloadavg()[0]
+    real_summary, real_worker = s.real_run(held)
+    load["held_out"] = os.getloadavg()[0]
+    runs = [calib_worker]
+    if not args.no_bracket:
+        runs.append(s.real_run(calib)[1])
+        load["calibration_after"] = os.getloadavg()[0]
+    info = {"machine": "this machine (cpu-this-machine)", "trace_sessions": [x.id for x in calib.sessions],
+            "model": calib_worker.engine.model_config.model_id, "runs": len(runs)}
+    fit = calibrate([x for w in runs for x in w.core.samples], [w.tier_bandwidth for w in runs], info)
     if args.calibration_out:
         fit.save(args.calibration_out)
-    real_summary, real_worker = s.real_run(held)
     sim_summary, cost = s.sim_run(held, real_worker, fit)
     real, sim = _picked(real_summary), _picked(sim_summary)
     err = relative_errors(real, sim)
+    host: dict[str, Any] = {"load_average_1m_after": load}
+    if len(runs) == 2:
+        host["drift"] = host_drift(runs[0].core.samples, runs[1].core.samples, real_worker.core.samples, fit)
+        moved = host["drift"]["calibration_after_vs_before"]
+        if moved is not None and abs(moved) > TARGET:
+            host["warning"] = (f"the host's step time moved {moved:+.0%} between the two calibration runs: "
+                               "the errors include that, not only the simulator's")
     return {"benchmark": "sim-accuracy", "real": real, "sim": sim, "relative_error": err, "target": TARGET,
             "within_target": {k: v is not None and v <= TARGET for k, v in err.items()},
             "calibration": {"coefficients": fit.coefficients, "residuals": fit.residuals, "samples": fit.samples,
                             "tiers": fit.tiers, "range": fit.range(), "sessions": [x.id for x in calib.sessions],
-                            "requests": calib_summary["requests"]},
+                            "requests": calib_summary["requests"], "runs": len(runs)},
+            "host": host,
             "held_out_sessions": [x.id for x in held.sessions],
             "real_wall_split_s": real_summary["wall_split_s"],
             "steps": {"real": len(real_worker.core.samples), "sim": sim_summary["steps"],
@@ -194,6 +226,8 @@ def run(args) -> dict:
                             "engine": {k: str(v) for k, v in s.engine_kwargs.items()},
                             "arrivals": f"{args.rate} sessions/s" if args.rate else "recorded (all at 0)",
                             "park": not args.no_park, "cost_model": cost.describe()["step_time"],
+                            "calibration": "before and after the held-out run, fitted together" if len(runs) == 2
+                                           else "before the held-out run",
                             "definitions": "both runs: sim/runner's Runner (same arrivals, tool gaps, park/"
                                            "resume); the real one on the wall clock, steps timed whole; TTFT = "
                                            "first token - arrival; output tok/s over first arrival to last "

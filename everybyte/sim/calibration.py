@@ -35,6 +35,10 @@ class StepFit:
         t = c["overhead_s"] + c["per_token_s"] * tokens + c["per_attended_s"] * attended + c["per_seq_s"] * seqs
         return max(t, 0.0)
 
+    def total_seconds(self, samples: list[StepSample]) -> float:
+        """What the fit says these steps take together."""
+        return sum(self.seconds(s.tokens, s.attended, s.seqs) for s in samples)
+
     def range(self) -> dict[str, list[int]]:
         rng: dict[str, list[int]] = self.source.get("range", {})
         return rng

@@ -111,8 +111,9 @@ def fleet_summary(fleet: Fleet, turns: list[TurnRecord], weights_bytes: int) -> 
     for w, role in zip(fleet.workers, fleet.roles):
         p = w.memory.stats(weights_bytes)["prefill_tokens"]
         per.append({"worker": w.index, "role": role, "prefill_computed": p["computed"], "reused": p["reused_total"],
+                    "reused_by_tier": p["reused"],
                     "turns": sum(1 for t in turns if t.worker == w.index)})
-    out: dict[str, Any] = {"workers": per}
+    out: dict[str, Any] = {"workers": per, "session_moves": session_moves(turns)}
     if fleet.router is not None:
         out["router"] = fleet.router.describe()
     if fleet.disagg is not None:
@@ -121,3 +122,14 @@ def fleet_summary(fleet: Fleet, turns: list[TurnRecord], weights_bytes: int) -> 
                          "decode_prefill_tokens": sum(t.prompt_tokens - t.cached_tokens for t in dis),
                          "decode_prompt_tokens": sum(t.prompt_tokens for t in dis)}
     return out
+
+
+def session_moves(turns: list[TurnRecord]) -> int:
+    """Turns that ran on another worker than their session's previous turn (its KV stayed behind)."""
+    last: dict[str, tuple[int, int]] = {}
+    moves = 0
+    for t in sorted(turns, key=lambda t: (t.session, t.turn)):
+        prev = last.get(t.session)
+        moves += prev is not None and prev[1] != t.worker
+        last[t.session] = (t.turn, t.worker)
+    return moves

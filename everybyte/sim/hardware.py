@@ -56,6 +56,8 @@ _B200_NIC = ("https://rillor.com/insights/connectx-7-vs-connectx-8-and-nvlink5 (
 _GB300_NIC = ("https://docs.nvidia.com/enterprise-reference-architectures/nvl72-ai-factory/latest/components.html "
               "(GB300 compute tray: 4 GPUs, 4 ConnectX-8) and https://cloudnews.tech/nvidia-connectx-8-supernic-the-"
               "new-generation-of-pcie-gen6-nics-at-800g-for-the-ai-era (ConnectX-8: 800 Gb/s)")
+_GB300_C2C = ("https://grokipedia.com/page/NVIDIA_GB300 (Grace joined to the Blackwell Ultra GPUs by a 900 GB/s "
+              "NVLink-C2C); one Grace serves two GPUs: halved per GPU")
 _RUBIN_NIC = ("https://wheelersnetwork.com ('Decoding Nvidia's Rubin Networking Math': each Rubin GPU has a pair "
               "of 800G ConnectX-9 NICs, 1.6 Tb/s)")
 
@@ -119,7 +121,8 @@ CATALOG: dict[str, Hardware] = {h.name: h for h in (
         "hbm_bytes": (279e9, _GB300), "hbm_bytes_per_s": (576e12 / 72, _GB300_RACK + "; / 72 GPUs"),
         "flops_fp16": (2.5e15, _GB300), "flops_fp8": (5e15, _GB300), "flops_nvfp4": (15e15, _GB300),
         "nvlink_bytes_per_s": (1.8e12, _GB300 + " (fifth-generation NVLink 1.8 TB/s)"),
-        "nvlink_domain_gpus": (72, _GB300), "gpu_power_w": (1400, _GB300), "nic_bytes_per_s": (800e9 / 8, _GB300_NIC)}),
+        "nvlink_domain_gpus": (72, _GB300), "gpu_power_w": (1400, _GB300), "nic_bytes_per_s": (800e9 / 8, _GB300_NIC),
+        "host_bytes_per_s": (900e9 / 2, _GB300_C2C)}),
     Hardware("VR-NVL72", "NVIDIA Vera Rubin NVL72 rack (72 Rubin GPUs, 36 Vera CPUs) -- preliminary figures", {
         "hbm_bytes": (288e9, _RUBIN), "hbm_bytes_per_s": (22e12, _RUBIN),
         "flops_nvfp4": (50e15, _RUBIN_RACK + "; NVIDIA's 'NVFP4 inference' figure, which " + _RUBIN

@@ -29,9 +29,10 @@ class SimWorkerView(Worker):
 
     def refresh(self) -> None:
         mem, sched = self.sim.memory, self.sim.core.scheduler
-        self.info = {"role": self.role_name, "namespace_digest": mem.ns.with_tenant(None).digest.hex(),
-                     "speeds": speeds(mem),
-                     "load": {"num_running": len(sched.running), "num_waiting": len(sched.waiting) + len(sched.loading)}}
+        if self.info is None:
+            self.info = {"role": self.role_name, "namespace_digest": self.namespace.digest.hex()}
+        self.info["speeds"] = speeds(mem)
+        self.info["load"] = {"num_running": len(sched.running), "num_waiting": len(sched.waiting) + len(sched.loading)}
 
 
 class FleetRouter:

@@ -55,14 +55,15 @@ class FleetRouter:
             w.core.on_finish = self._finished
 
     def _subscribe(self, w: SimWorker, url: str) -> None:
-        index = self.decider.index
-        log = None
+        index, pending = self.decider.index, [0]
 
         def publish(e: KVEvent) -> None:
             index.apply(url, (e,))
             self.events += 1
-            if self.events % DRAIN_EVERY == 0 and log is not None:
-                log.drain()                         # nobody else reads the log: keep it from growing
+            pending[0] += 1
+            if pending[0] >= DRAIN_EVERY:            # nobody else reads the log: keep it from growing
+                pending[0] = 0
+                log.drain()
         log = w.memory.kv_events(publish)
 
     def _observer(self, view: SimWorkerView):
@@ -76,7 +77,14 @@ class FleetRouter:
         return observe
 
     def _finished(self, seq) -> None:
-        plan = self.plans.pop(seq.request_id, None)
+        self._finished_id(seq.request_id)
+
+    def forget(self, request_id: str) -> None:
+        """The engine refused a routed turn: it is no longer in flight there."""
+        self._finished_id(request_id)
+
+    def _finished_id(self, request_id: str) -> None:
+        plan = self.plans.pop(request_id, None)
         if plan is not None:
             self.decider.end(plan)
 

@@ -183,6 +183,8 @@ class Runner:
         except ValueError as e:
             self.rejected.append(f"{seq.request_id}: {e}")
             self._skip("rejected", len(st.session.turns) - st.next_turn)
+            if (forget := getattr(self.route, "forget", None)) is not None:
+                forget(seq.request_id)                  # a router that counted it in flight
             return False
         self.sent += 1
         self.live[seq.request_id] = (st, st.next_turn, wi)

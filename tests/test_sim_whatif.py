@@ -23,6 +23,9 @@ def test_frontier_interpolates_bounds_and_refuses():
     low = at_interactivity([_pt(300, 100.0), _pt(100, 300.0)], 50)
     assert low["tok_s_per_mw"] == 300.0 and "lower bound" in low["how"]
     assert at_interactivity(pts, 400)["tok_s_per_mw"] is None
+    queued = [_pt(300, 100.0), {**_pt(100, 900.0), "ttft_p50_s": 60.0}]         # fast tokens behind a long queue
+    capped = at_interactivity(queued, 200, max_ttft_s=10.0)
+    assert capped["tok_s_per_mw"] == 100.0 and "lower bound" in capped["how"]
 
 
 def _cost(hw, gpus, ep, imbalance=1.0, wf="fp8"):
@@ -46,10 +49,13 @@ def test_expert_parallel_spreads_experts_and_pays_all_to_all():
 
 def test_levers_outside_the_hardware_say_why():
     assert "NVLink domain of 8" in why_not("H200", scenario_for("ep32"))
-    assert "host link" in why_not("GB300-NVL72", scenario_for("host_staging"))
+    assert "host link" in why_not("GB200-NVL72", scenario_for("host_staging"))
+    assert why_not("GB300-NVL72", scenario_for("host_staging")) is None         # Grace's C2C is in the catalog
     assert why_not("VR-NVL72", scenario_for("all")) is None
-    assert "not simulated" in scenario_for("pod_flash")
-    s, dropped = fit_to("GB300-NVL72", scenario_for("all"))                 # all the levers it has
+    pod = scenario_for("pod_flash")
+    assert pod.pod_flash and pod.workers == 4 and pod.route == "round-robin"
+    assert scenario_for("kv_routing_disagg").disagg and scenario_for("kv_routing_disagg").route == "kv"
+    s, dropped = fit_to("GB200-NVL72", scenario_for("all"))                 # all the levers it has
     assert s.ep == 64 and not s.host_staging and s.weights_format == "nvfp4" and "host staging" in dropped[0]
     s, dropped = fit_to("H200", scenario_for("all"))
     assert s.ep == 8 and s.host_staging and "EP64" in dropped[0]
@@ -63,7 +69,7 @@ def test_token_weight_scales_kv_bytes_and_prefill():
 
 
 def test_whatif_table_from_simulated_runs(tmp_path, capsys):
-    rc = sim_main(["whatif", "--hardware", "GB300-NVL72,H200", "--levers", "baseline,ep32,pod_flash,all",
+    rc = sim_main(["whatif", "--hardware", "GB300-NVL72,H200", "--levers", "baseline,ep32,pod_flash,fleet_round_robin,all",
                    "--sessions-per-gpu", "1,2", "--max-sessions-per-gpu", "2", "--turns", "2", "--trace", TRACE,
                    "--token-scale", "64", "--out", str(tmp_path)])
     assert rc == 0
@@ -75,10 +81,13 @@ def test_whatif_table_from_simulated_runs(tmp_path, capsys):
     assert set(base["at"]) == {"50", "100", "160", "200"}
     assert rows[("GB300-NVL72", "ep32")]["simulated"]
     assert not rows[("H200", "ep32")]["simulated"] and "NVLink domain" in rows[("H200", "ep32")]["why_not"]
-    assert not rows[("H200", "pod_flash")]["simulated"]
+    pod = rows[("GB300-NVL72", "pod_flash")]
+    assert pod["simulated"] and any(p["reused_by_tier"].get("G3.5", 0) > 0 for p in pod["points"])
+    assert rows[("H200", "pod_flash")]["simulated"]                   # 4 x 8 GPUs: over the network
     assert rows[("H200", "all")]["simulated"] and rows[("H200", "all")]["scenario"]["ep"] == 8
     assert any("extrapolat" in a for a in r["assumptions"]) and any("power: H200" in a for a in r["assumptions"])
-    assert [c["seed"] for c in r["claims"]] == [30.0, 30.0, 4.0, 1.8, 5.0]
+    assert [c["seed"] for c in r["claims"]] == [30.0, 30.0, 4.0, 1.8, 5.0, 5.0]
+    assert r["claims"][4]["simulated"] is not None                # pod flash vs the fleet without it
     md = (tmp_path / "whatif.md").read_text()
     assert "| GB300-NVL72 | baseline |" in md and "**160**" in md and "Assumptions:" in md
     assert r["plot"].endswith("whatif.png") and (tmp_path / "whatif.png").stat().st_size > 0

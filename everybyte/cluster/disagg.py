@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from everybyte.cluster.decide import disagg_wanted
 from everybyte.cluster.routing import NoWorker, Plan, Routing
 
 PREFILL_TIMEOUT_S = 120.0
@@ -25,10 +26,7 @@ class Disaggregation:
         self.routing, self.client, self.threshold = routing, client, threshold_tokens
 
     def wanted(self, plan: Plan) -> bool:
-        if not plan.tokens or not self.routing.workers.healthy(("prefill",)):
-            return False
-        block_size = plan.worker.namespace.block_size if plan.worker.namespace else 16
-        return len(plan.tokens) - plan.best_overlap * block_size > self.threshold
+        return disagg_wanted(plan, self.threshold, bool(self.routing.workers.healthy(("prefill",))))
 
     async def prefill(self, plan: Plan, body: dict[str, Any], headers: dict[str, str],
                       tenant: str | None = None) -> dict[str, Any] | None:

@@ -22,6 +22,8 @@ from typing import Callable, Protocol
 
 import httpx
 
+from everybyte.cluster.worker_state import plan_roles
+
 log = logging.getLogger("everybyte.cluster")
 THREAD_VARS = ("EVERYBYTE_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 OWNED_SERVE_ARGS = ("--host", "--port", "--kv-events", "--kv-events-replay", "--role")
@@ -62,18 +64,7 @@ def plan_workers(workers: int | None, prefill: int | None, decode: int | None, s
     for flag in OWNED_SERVE_ARGS:
         if any(a == flag or a.startswith(flag + "=") for a in serve_args):
             raise ValueError(f"{flag} is set by the launcher for each worker; leave it out")
-    if (prefill is None) != (decode is None):
-        raise ValueError("give both --prefill and --decode, or neither")
-    if prefill is not None and decode is not None:
-        if prefill < 1 or decode < 1:
-            raise ValueError(f"--prefill and --decode must be >= 1, got {prefill} and {decode}")
-        if workers is not None and workers != prefill + decode:
-            raise ValueError(f"--workers {workers} differs from --prefill {prefill} + --decode {decode}")
-        roles = ["prefill"] * prefill + ["decode"] * decode
-    else:
-        if workers is None or workers < 1:
-            raise ValueError(f"--workers must be >= 1, got {workers}")
-        roles = ["both"] * workers
+    roles = plan_roles(workers, prefill, decode)
     threads = max(1, (cores or os.cpu_count() or 1) // (len(roles) * expert_parallel))
     return [WorkerSpec(i, r, threads, list(serve_args)) for i, r in enumerate(roles)]
 

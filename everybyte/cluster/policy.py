@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from everybyte.cluster.kv_index import Overlap
-from everybyte.cluster.workers import Worker
+from everybyte.cluster.worker_state import Worker
 
 POLICIES = ("kv", "round-robin", "random", "least-loaded", "session")
 

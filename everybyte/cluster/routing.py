@@ -6,55 +6,33 @@ a `Plan` and tells it when the request started and ended.
 """
 from __future__ import annotations
 
-import threading
 import time
-from collections import OrderedDict
-from dataclasses import dataclass, field
 from typing import AbstractSet, Any
 
 from everybyte.cluster.approx import ApproxTracker
+from everybyte.cluster.decide import Decider, NoWorker, Plan
 from everybyte.cluster.event_feed import EventFeed
-from everybyte.cluster.kv_index import TIERS, KVIndex, Overlap
-from everybyte.cluster.policy import Decision, Policy, Request
-from everybyte.cluster.request_blocks import RequestBlocks, block_names
+from everybyte.cluster.kv_index import TIERS
+from everybyte.cluster.policy import Policy
+from everybyte.cluster.request_blocks import RequestBlocks
 from everybyte.cluster.router_metrics import RouterMetrics
 from everybyte.cluster.workers import Worker, WorkerSet
 from everybyte.kv.block_id import KVNamespace
 from everybyte.kv.events import KVEvent
 
-MAX_SESSIONS = 100_000
-
-
-@dataclass
-class Plan:
-    worker: Worker
-    tokens: list[int] | None
-    names: list[bytes] = field(default_factory=list)     # the prompt's block names in the worker's namespace
-    session: str | None = None
-    overlap: Overlap = field(default_factory=Overlap)
-    best_overlap: int = 0                                  # deepest prefix any candidate holds (blocks)
-    prefill_blocks: float = 0.0                            # what the worker computes for it
-
-    @property
-    def blocks(self) -> int:
-        return len(self.names)
-
-
-class NoWorker(Exception):
-    pass
+__all__ = ["NoWorker", "Plan", "Routing"]
 
 
 class Routing:
     def __init__(self, urls: list[str], blocks: RequestBlocks, policy: Policy, *, events: bool = True,
                  approx_ttl_s: float = 120.0, fallback_namespace: KVNamespace | None = None):
-        self.index = KVIndex()
-        self.lock = threading.Lock()          # the event feeds' threads write the index the event loop reads
+        self.decider = Decider(policy)
+        self.index, self.lock, self.sessions = self.decider.index, self.decider.lock, self.decider.sessions
         self.policy, self.blocks, self.use_events = policy, blocks, events
         self.approx = ApproxTracker(self.index, approx_ttl_s)
         self.feed = EventFeed(self._on_batch, self._on_reset)
         fallback = fallback_namespace or KVNamespace("router-local")
         self.workers = WorkerSet(urls, fallback, on_up=self._up, on_down=self._down)
-        self.sessions: OrderedDict[str, str] = OrderedDict()
         self.metrics = RouterMetrics(self.snapshot)
 
     # ---- worker lifecycle -------------------------------------------------------------------
@@ -103,29 +81,16 @@ class Routing:
         salt = salt if isinstance(salt, str) else None
         if tenant is not None:
             salt = tenant if salt is None else f"{tenant}/{salt}"
-        names_by_ns: dict[KVNamespace, list[bytes]] = {}
-        overlaps: dict[str, Overlap] = {}
         if tokens:
             with self.lock:
                 self.approx.expire()
-            for ns in {w.namespace for w in candidates if w.namespace is not None}:
-                names_by_ns[ns] = block_names(ns, tokens, salt)
-                group = [w.url for w in candidates if w.namespace == ns]
-                with self.lock:
-                    overlaps.update(self.index.overlap(names_by_ns[ns], group))
-        block_size = candidates[0].namespace.block_size if candidates[0].namespace else 16
-        req = Request(len(tokens or ()), block_size, overlaps, self.sessions.get(session) if session else None)
-        d: Decision = self.policy.choose(req, candidates)
+        plan = self.decider.plan(candidates, tokens, salt, session)
         self.metrics.decision_seconds.observe(time.perf_counter() - t0)
-        names = names_by_ns.get(d.worker.namespace, []) if d.worker.namespace else []
-        best = max((o.total for o in overlaps.values()), default=0)
-        return Plan(d.worker, tokens, names, session, d.overlap, best, d.prefill_blocks if tokens else 0.0)
+        return plan
 
     def begin(self, plan: Plan) -> None:
         w = plan.worker
-        w.in_flight += 1
-        w.active_blocks += plan.blocks
-        w.queued_prefill_blocks += plan.prefill_blocks
+        self.decider.begin(plan)
         self.metrics.decisions.labels(self.policy.name, w.url).inc()
         self.metrics.prompt_blocks.inc(plan.blocks)
         for tier, n in plan.overlap.by_tier().items():
@@ -134,24 +99,15 @@ class Routing:
         if not self.event_fed(w) and plan.names:
             with self.lock:
                 self.approx.record(w.url, plan.names, w.namespace.block_size if w.namespace else 16)
-        if plan.session:
-            self.remember_session(plan.session, w.url)
 
     def prefilled(self, plan: Plan) -> None:
-        """The worker's output began: this request's prefill no longer queues ahead of others there."""
-        plan.worker.queued_prefill_blocks -= plan.prefill_blocks
-        plan.prefill_blocks = 0.0
+        self.decider.prefilled(plan)
 
     def end(self, plan: Plan) -> None:
-        plan.worker.in_flight -= 1
-        plan.worker.active_blocks -= plan.blocks
-        plan.worker.queued_prefill_blocks -= plan.prefill_blocks
+        self.decider.end(plan)
 
     def remember_session(self, session: str, url: str) -> None:
-        self.sessions[session] = url
-        self.sessions.move_to_end(session)
-        while len(self.sessions) > MAX_SESSIONS:
-            self.sessions.popitem(last=False)
+        self.decider.remember_session(session, url)
 
     def snapshot(self) -> dict[str, Any]:
         workers = {}

@@ -10,60 +10,15 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import httpx
 
 from everybyte.cluster.request_blocks import namespace_from_info
+from everybyte.cluster.worker_state import DEFAULT_LOAD_FRACTION, Worker  # noqa: F401 (re-exported)
 from everybyte.kv.block_id import KVNamespace
 
 POLL_TIMEOUT_S = 1.0
-# Load time of a block relative to recomputing it, per tier, when a worker states no speeds.
-DEFAULT_LOAD_FRACTION = {"G2": 0.05, "G3": 0.2, "G3.5": 0.3}
-
-
-@dataclass
-class Worker:
-    url: str
-    healthy: bool = False
-    info: dict[str, Any] | None = None              # the last /v1/kv/info (None: the worker has none)
-    namespace: KVNamespace | None = None
-    in_flight: int = 0                    # requests the router has open there
-    active_blocks: int = 0                # their blocks (Dynamo's decode blocks)
-    queued_prefill_blocks: float = 0.0    # their blocks this worker computes (uncached when routed)
-    failures: int = 0
-
-    @property
-    def role(self) -> str:
-        return (self.info or {}).get("role") or "both"
-
-    @property
-    def digest(self) -> str:
-        return (self.info or {}).get("namespace_digest") or ""
-
-    @property
-    def events(self) -> dict[str, Any] | None:
-        return (self.info or {}).get("kv_events")
-
-    @property
-    def load(self) -> dict[str, Any]:
-        return (self.info or {}).get("load") or {}
-
-    def queue_depth(self) -> int:
-        load = self.load
-        return max(self.in_flight, int(load.get("num_running") or 0) + int(load.get("num_waiting") or 0))
-
-    def full(self) -> bool:
-        """The worker said (last poll) that requests wait for a slot: a session should not queue there."""
-        return int(self.load.get("num_waiting") or 0) > 0
-
-    def load_fraction(self, tier: str) -> float:
-        """Seconds to load one token from `tier` over seconds to prefill one, clamped to [0, 1]."""
-        speeds = (self.info or {}).get("speeds") or {}
-        prefill, load = speeds.get("prefill_tok_s"), (speeds.get("load_tok_s") or {}).get(tier)
-        if prefill and load:
-            return min(1.0, max(0.0, float(prefill) / float(load)))
-        return DEFAULT_LOAD_FRACTION.get(tier, 1.0)
 
 
 @dataclass

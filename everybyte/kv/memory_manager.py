@@ -37,7 +37,7 @@ class KVMemoryManager(SessionOps, BlockManager[KVSequence]):
         super().__init__(pool.num_blocks, pool.block_size)
         self.restart_blocks = restart_blocks      # a reusing sequence computes from a multiple of this
         self.pool, self.ns = pool, namespace
-        self.tiers = tiers or TierSet([])
+        self.tiers = tiers if tiers is not None else TierSet([])      # an empty TierSet is falsy: keep it
         self.tiers.bytes_per_token = pool.bytes_per_token
         self.ledger = ledger or ByteLedger(pool.bytes_per_block)
         for t in self.tiers.tiers:

@@ -3,6 +3,7 @@ simulated workers; shared by `everybyte sim run` and `everybyte bench sim-speed`
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from everybyte.formats.sizes import parse_size
 from everybyte.sim.calibration import StepFit
@@ -34,7 +35,9 @@ class SimConfig:
     token_weight: float = 1.0                # a trace token stands for this many real ones (CostModel)
 
 
-def build(cfg: SimConfig, calibration: StepFit | None = None) -> tuple[CostModel, list[SimWorker], dict]:
+def build(cfg: SimConfig, calibration: StepFit | None = None,
+          shared_tiers: Callable[[SimPool], list] | None = None) -> tuple[CostModel, list[SimWorker], dict]:
+    """shared_tiers(pool): tiers every worker holds (the pod flash tier, sim/fleet_build)."""
     if cfg.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {cfg.workers}")
     hw, model = get_hardware(cfg.hardware), get_model(cfg.model)
@@ -52,8 +55,9 @@ def build(cfg: SimConfig, calibration: StepFit | None = None) -> tuple[CostModel
     spec = WorkerSpec(pool, model_id=model.name, kv_format=cfg.kv_format, host_tier_bytes=host,
                       max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
                       max_model_len=model.max_len)
-    workers = [SimWorker(i, spec, lambda clock: CostExecutor(clock, cost.batch_seconds), cost.transfer_seconds)
-               for i in range(cfg.workers)]
+    shared = shared_tiers(pool) if shared_tiers else []
+    workers = [SimWorker(i, spec, lambda clock: CostExecutor(clock, cost.batch_seconds), cost.transfer_seconds,
+                         shared_tiers=shared) for i in range(cfg.workers)]
     info = {"cost_model": cost.describe(), "model": model.describe(cfg.weights_format, cfg.kv_format),
             "hardware": hw.describe(), "workers": cfg.workers,
             "kv_pool_per_worker": {"budget_bytes": pool.budget_bytes, "num_blocks": pool.num_blocks,

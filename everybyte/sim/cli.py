@@ -8,8 +8,9 @@ import sys
 
 from everybyte.formats.sizes import KV_CACHE_DTYPES, WEIGHT_FORMATS
 from everybyte.json_output import emit
-from everybyte.sim.build import SimConfig, build
+from everybyte.sim.build import SimConfig
 from everybyte.sim.calibration import StepFit, StepSample, fit_steps
+from everybyte.sim.fleet_build import FLEET_ROUTES, FleetConfig, build_fleet, fleet_summary
 from everybyte.sim.hardware import get_hardware, names
 from everybyte.sim.models import BUILTIN, get_model
 from everybyte.sim.runner import ROUTES, RunConfig, Runner
@@ -24,7 +25,7 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("machine and model")
     g.add_argument("--hardware", default="H200", help=f"one of {', '.join(names())}")
     g.add_argument("--model", default="smollm2", help=f"{', '.join(BUILTIN)}, or a config.json / HF directory")
-    g.add_argument("--workers", type=int, default=1, help="engine instances")
+    g.add_argument("--workers", type=int, default=None, help="engine instances (default 1, or --prefill + --decode)")
     g.add_argument("--gpus-per-worker", type=int, default=1)
     g.add_argument("--weights-format", choices=WEIGHT_FORMATS, default="bf16")
     g.add_argument("--kv-format", choices=KV_CACHE_DTYPES, default="bf16")
@@ -42,7 +43,7 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def config_from(args) -> SimConfig:
-    return SimConfig(args.hardware, args.model, args.workers, args.gpus_per_worker, args.weights_format,
+    return SimConfig(args.hardware, args.model, args.workers or 1, args.gpus_per_worker, args.weights_format,
                      args.kv_format, args.kv_cache, args.memory_utilization, args.host_tier, args.block_size,
                      args.max_num_seqs, args.max_num_batched_tokens, args.step_overhead_us * 1e-6, args.ep,
                      args.expert_imbalance)
@@ -63,7 +64,14 @@ def run_parser() -> argparse.ArgumentParser:
         t.add_argument(flag, type=kind, default=None)
     t.add_argument("--vocab-range", default="1000,30000")
     r = p.add_argument_group("replay")
-    r.add_argument("--route", choices=list(ROUTES), default="sticky")
+    r.add_argument("--route", choices=[*ROUTES, *FLEET_ROUTES], default="sticky",
+                   help="kv: the cluster router's policy (cluster/policy) on its KV index fed by the workers' events")
+    r.add_argument("--prefill", type=int, default=None, help="prefill workers (with --decode and --disagg-threshold)")
+    r.add_argument("--decode", type=int, default=None, help="decode workers (with --prefill)")
+    r.add_argument("--disagg-threshold", type=int, default=None, metavar="TOKENS",
+                   help="a turn whose uncached prefill exceeds TOKENS prefills on a prefill worker first")
+    r.add_argument("--pod-flash", nargs="?", const="catalog", default=None, metavar="BYTES",
+                   help="a pod flash tier (G3.5, CMX-like) shared by every worker; BYTES or the catalog's 1 PB")
     r.add_argument("--no-park", action="store_true", help="do not park sessions during tool gaps")
     r.add_argument("--park-min-gap", type=float, default=0.5)
     r.add_argument("--rate", type=float, default=None, help="sessions/s (default: the recorded arrivals)")
@@ -97,7 +105,9 @@ def calibrate(argv: list[str]) -> int:
 
 
 def run_sim(args, cfg: SimConfig) -> dict:
-    cost, workers, info = build(cfg, StepFit.load(args.calibration) if args.calibration else None)
+    fleet = build_fleet(cfg, FleetConfig(args.route, args.workers, args.prefill, args.decode, args.disagg_threshold,
+                                         args.pod_flash), StepFit.load(args.calibration) if args.calibration else None)
+    cost, workers, info = fleet.cost, fleet.workers, fleet.info
     trace = load_trace(args.trace, skip_bad=args.skip_bad, fmt=args.trace_format)
     if args.max_sessions:
         trace.sessions = trace.sessions[:args.max_sessions]
@@ -109,8 +119,9 @@ def run_sim(args, cfg: SimConfig) -> dict:
     runner = Runner(trace, scaling, TokenSpace(low, high), workers,
                     RunConfig(park=not args.no_park, park_min_gap_s=args.park_min_gap,
                               max_requests=args.max_requests, rate=args.rate),
-                    ROUTES[args.route](len(workers)), cost.weight_bytes())
+                    fleet.route, cost.weight_bytes(), fleet.disagg)
     summary = runner.run()
+    summary["fleet"] = fleet_summary(fleet, runner.turns, cost.weight_bytes())
     if cost.calibration is not None:
         summary["steps_outside_calibrated_range"] = cost.outside_range
     return {"benchmark": "sim", "summary": summary,

@@ -23,6 +23,7 @@ KEYS = {
     "flops_fp32": "dense FP32 FLOP/s (the CPU's)",
     "nvlink_bytes_per_s": "NVLink bandwidth per GPU (both directions)",
     "nvlink_domain_gpus": "GPUs in one NVLink domain",
+    "nic_bytes_per_s": "scale-out network (RDMA NIC) bandwidth per GPU, one direction",
     "host_bytes": "host memory per GPU (bytes)",
     "host_bytes_per_s": "host <-> GPU bandwidth per GPU (C2C or PCIe, both directions)",
     "gpu_power_w": "power per GPU (TDP, W)",
@@ -47,6 +48,18 @@ _RUBIN_FP8 = ("https://megaobzor.com/NVIDIA-predstavila-novii-superkomputer-dlja
 _RUBIN_POWER = ("https://regantih.github.io/reports-lab/sand-to-superintelligence/chapters/14-nvl72-drills.tsv "
                 "(VR NVL72 rack 190-230 kW, Max Q to Max P; the low end here; "
                 "https://www.techstories.co/what-it-takes-to-support-nvidias-vera-rubin-gpu says 120-130 kW)")
+_H200_NIC = ("https://www.besthub.dev/articles/jensen-huang-s-china-visit-could-it-revive-gpu-prospects-inside-nvidia-s-"
+             "dgx-h200-cluster-design-5fc4a3dfa57c (DGX H200 compute network: 4 dual-port OSFP at NDR 400 = 8 x "
+             "400 Gb/s, one per GPU)")
+_B200_NIC = ("https://rillor.com/insights/connectx-7-vs-connectx-8-and-nvlink5 (HGX B200: eight ConnectX-7 at "
+             "400 Gb/s)")
+_GB300_NIC = ("https://docs.nvidia.com/enterprise-reference-architectures/nvl72-ai-factory/latest/components.html "
+              "(GB300 compute tray: 4 GPUs, 4 ConnectX-8) and https://cloudnews.tech/nvidia-connectx-8-supernic-the-"
+              "new-generation-of-pcie-gen6-nics-at-800g-for-the-ai-era (ConnectX-8: 800 Gb/s)")
+_GB300_C2C = ("https://grokipedia.com/page/NVIDIA_GB300 (Grace joined to the Blackwell Ultra GPUs by a 900 GB/s "
+              "NVLink-C2C); one Grace serves two GPUs: halved per GPU")
+_RUBIN_NIC = ("https://wheelersnetwork.com ('Decoding Nvidia's Rubin Networking Math': each Rubin GPU has a pair "
+              "of 800G ConnectX-9 NICs, 1.6 Tb/s)")
 
 
 @dataclass(frozen=True)
@@ -93,12 +106,12 @@ CATALOG: dict[str, Hardware] = {h.name: h for h in (
         "flops_fp8": _half(3958e12, _H200), "flops_fp16": _half(3958e12 / 2, _H200 + " (BF16 1,979 TFLOPS: "
                                                                        + _H200_NODE + ")"),
         "nvlink_bytes_per_s": (900e9, _H200), "nvlink_domain_gpus": (8, _H200_NODE),
-        "host_bytes_per_s": (128e9, _H200_PCIE), "gpu_power_w": (700, _H200)}),
+        "host_bytes_per_s": (128e9, _H200_PCIE), "gpu_power_w": (700, _H200), "nic_bytes_per_s": (400e9 / 8, _H200_NIC)}),
     Hardware("B200", "NVIDIA HGX B200 (8 GPUs on NVLink 5)", {
         "hbm_bytes": (179e9, _B200_MEM), "hbm_bytes_per_s": (8e12, _B200_MEM),
         "flops_fp16": (2250e12, _B200), "flops_fp8": (4500e12, _B200), "flops_nvfp4": (9000e12, _B200),
         "nvlink_bytes_per_s": (1.8e12, _B200 + " (2x 900 GB/s NVLink 5)"), "nvlink_domain_gpus": (8, _B200_MEM),
-        "gpu_power_w": (1000, _B200)}),
+        "gpu_power_w": (1000, _B200), "nic_bytes_per_s": (400e9 / 8, _B200_NIC)}),
     Hardware("GB200-NVL72", "NVIDIA GB200 NVL72 rack (72 B200 GPUs, 36 Grace CPUs, one NVLink domain)", {
         "hbm_bytes": (13.4e12 / 72, _GB200_RACK + "; / 72 GPUs"), "hbm_bytes_per_s": (8e12, _B200),
         "flops_fp16": (2500e12, _GB200), "flops_fp8": (5000e12, _GB200), "flops_nvfp4": (10000e12, _GB200),
@@ -108,13 +121,15 @@ CATALOG: dict[str, Hardware] = {h.name: h for h in (
         "hbm_bytes": (279e9, _GB300), "hbm_bytes_per_s": (576e12 / 72, _GB300_RACK + "; / 72 GPUs"),
         "flops_fp16": (2.5e15, _GB300), "flops_fp8": (5e15, _GB300), "flops_nvfp4": (15e15, _GB300),
         "nvlink_bytes_per_s": (1.8e12, _GB300 + " (fifth-generation NVLink 1.8 TB/s)"),
-        "nvlink_domain_gpus": (72, _GB300), "gpu_power_w": (1400, _GB300)}),
+        "nvlink_domain_gpus": (72, _GB300), "gpu_power_w": (1400, _GB300), "nic_bytes_per_s": (800e9 / 8, _GB300_NIC),
+        "host_bytes_per_s": (900e9 / 2, _GB300_C2C)}),
     Hardware("VR-NVL72", "NVIDIA Vera Rubin NVL72 rack (72 Rubin GPUs, 36 Vera CPUs) -- preliminary figures", {
         "hbm_bytes": (288e9, _RUBIN), "hbm_bytes_per_s": (22e12, _RUBIN),
         "flops_nvfp4": (50e15, _RUBIN_RACK + "; NVIDIA's 'NVFP4 inference' figure, which " + _RUBIN
                         + " reads as with sparsity: not halved here, an open assumption"),
         "flops_fp8": (1.2e18 / 72, _RUBIN_FP8), "rack_power_w": (190e3, _RUBIN_POWER),
         "nvlink_bytes_per_s": (3.6e12, _RUBIN_RACK), "nvlink_domain_gpus": (72, _RUBIN_RACK),
+        "nic_bytes_per_s": (1.6e12 / 8, _RUBIN_NIC),
         "host_bytes": (54e12 / 72, _RUBIN_RACK + "; LPDDR5X / 72 GPUs"),
         "host_bytes_per_s": (1.8e12 / 2, _VERA_C2C + "; one Vera serves two GPUs: halved per GPU")}),
 )}

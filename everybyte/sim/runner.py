@@ -22,7 +22,7 @@ from everybyte.traces.model import Session, Trace
 from everybyte.traces.scaling import Scaling
 from everybyte.traces.tokens import SessionPrompts, TokenSpace
 
-ARRIVE, STEP = 0, 1
+ARRIVE, STEP, CALL = 0, 1, 2
 
 
 @dataclass
@@ -33,6 +33,10 @@ class SimRequest:
     prompt: list[int]
     max_tokens: int
     arrival: float
+
+    @property
+    def request_id(self) -> str:
+        return f"{self.base_session}-t{self.turn}"
 
 
 @dataclass
@@ -82,9 +86,14 @@ class RunConfig:
 
 class Runner:
     def __init__(self, trace: Trace, scaling: Scaling, space: TokenSpace, workers: list[SimWorker],
-                 cfg: RunConfig, route: Callable[[SimRequest], int] | None = None, weights_bytes: int = 0):
+                 cfg: RunConfig, route: Callable[[SimRequest], int] | None = None, weights_bytes: int = 0,
+                 dispatch: Callable[["Runner", SimRequest, Sequence, SessionState], bool] | None = None):
+        """dispatch(runner, request, seq, state): a hook that may take a turn instead of route
+        (True), e.g. disaggregated prefill (sim/fleet_disagg), submitting it later itself."""
         self.trace, self.scaling, self.space, self.workers, self.cfg = trace, scaling, space, workers, cfg
         self.route = route or SessionSticky(len(workers))
+        self.dispatch = dispatch
+        self.side: dict[str, Callable] = {}       # request id -> what to do when a non-turn request finishes
         self.weights_bytes = weights_bytes
         self.events: list[tuple[float, int, int, object]] = []
         self.n_events = 0
@@ -122,8 +131,10 @@ class Runner:
             self.now = t
             if kind == ARRIVE:
                 self._arrive(what)                                  # type: ignore[arg-type]
-            else:
+            elif kind == STEP:
                 self._step(what)                                    # type: ignore[arg-type]
+            else:
+                what()                                              # type: ignore[operator]
         wall = time.perf_counter() - wall0
         stuck = sum(len(w.core.requests) for w in self.workers)
         return summarize(self.turns, self.workers, wall, self.n_events, self.skipped, self.rejected, stuck,
@@ -151,22 +162,45 @@ class Runner:
             self._skip("over_max_context", left)
             return
         req = SimRequest(sid, st.base, k, ids, n_out, self.now)
-        wi = self.route(req)
+        seq = Sequence(ids, SamplingParams(temperature=0.0, max_tokens=n_out, ignore_eos=True),
+                       req.request_id, None, arrival_time=self.now)
+        seq.session_id = sid
+        if self.dispatch is not None and self.dispatch(self, req, seq, st):
+            return
+        self.submit(seq, self.route(req), st)
+
+    def _on(self, wi: int) -> SimWorker:
         w = self.workers[wi]
         if w.clock.now < self.now:
             w.clock.advance(self.now - w.clock.now)
-        seq = Sequence(ids, SamplingParams(temperature=0.0, max_tokens=n_out, ignore_eos=True),
-                       f"{st.base}-t{k}", None, arrival_time=self.now)
-        seq.session_id = sid
+        return w
+
+    def submit(self, seq: Sequence, wi: int, st: SessionState) -> bool:
+        """Add a turn's request to worker wi now; False (counted as rejected) when the engine refuses it."""
+        w = self._on(wi)
         try:
             w.core.add(seq)
         except ValueError as e:
             self.rejected.append(f"{seq.request_id}: {e}")
-            self._skip("rejected", left)
-            return
+            self._skip("rejected", len(st.session.turns) - st.next_turn)
+            if (forget := getattr(self.route, "forget", None)) is not None:
+                forget(seq.request_id)                  # a router that counted it in flight
+            return False
         self.sent += 1
-        self.live[seq.request_id] = (st, k, wi)
+        self.live[seq.request_id] = (st, st.next_turn, wi)
         self._wake(w, self.now)
+        return True
+
+    def add_side(self, seq: Sequence, wi: int, then: Callable) -> None:
+        """A request that is no turn of its own (a disaggregated prefill): then(output, worker) when
+        it finishes. ValueError when the engine refuses it."""
+        w = self._on(wi)
+        w.core.add(seq)
+        self.side[seq.request_id] = then
+        self._wake(w, self.now)
+
+    def later(self, t: float, fn: Callable[[], None]) -> None:
+        self._push(t, CALL, fn)
 
     # ---- a worker steps ---------------------------------------------------------------------------
     def _step(self, w: SimWorker) -> None:
@@ -187,6 +221,10 @@ class Runner:
         # else: waiting requests that cannot be admitted until something on this worker changes
 
     def _finished(self, out, w: SimWorker) -> None:
+        then = self.side.pop(out.request_id, None)
+        if then is not None:
+            then(out, w)
+            return
         st, k, wi = self.live.pop(out.request_id)
         m = out.metrics
         self.turns.append(TurnRecord(st.base, k, len(out.prompt_token_ids), len(out.token_ids),

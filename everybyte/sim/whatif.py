@@ -9,7 +9,8 @@ import copy
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from everybyte.sim.build import SimConfig, build
+from everybyte.sim.build import SimConfig
+from everybyte.sim.fleet_build import FleetConfig, build_fleet
 from everybyte.sim.hardware import get_hardware
 from everybyte.sim.runner import RunConfig, Runner
 from everybyte.traces.model import Trace
@@ -18,6 +19,9 @@ from everybyte.traces.tokens import TokenSpace
 
 EPLB_BEFORE, EPLB_AFTER = 2.56, 1.11          # ../shared/specs/nvfp4.md: DeepSeek-R1 at EP32, max/mean
 HOST_BYTES_PER_GPU = 256 << 30                 # staging room where the catalog has a host link but no size
+FLEET_WORKERS = 4                              # workers (of EP-degree GPUs each) in a fleet lever's pod
+DISAGG_THRESHOLD_TOKENS = 2048                 # real tokens of uncached prefill above which a turn disaggregates
+DISAGG_PREFILL_WORKERS = 3                     # of FLEET_WORKERS: the agentic workload is mostly prefill
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,10 @@ class Scenario:
     ep: int = 8
     imbalance: float = EPLB_BEFORE
     host_staging: bool = False
+    workers: int = 1                  # a fleet of this many workers behind the router
+    route: str = "sticky"             # sim run --route: sticky | round-robin | kv
+    disagg: bool = False              # DISAGG_PREFILL_WORKERS of the workers prefill, the rest decode
+    pod_flash: bool = False           # the pod flash tier (G3.5, CMX-like) shared by the workers
 
 
 # lever -> what it changes on the baseline (None: not simulated, with the reason)
@@ -38,9 +46,10 @@ LEVERS: dict[str, dict[str, Any] | str] = {
     "ep64": {"ep": 64},
     "eplb": {"imbalance": EPLB_AFTER},
     "host_staging": {"host_staging": True},
-    "kv_routing_disagg": "not simulated: the runner routes session-sticky over one worker; the cluster router "
-                         "(KV-aware) and disaggregated prefill/decode are not plugged into sim/runner yet",
-    "pod_flash": "not simulated: the simulator has no G3/pod flash tier and the catalog no sourced CMX figures",
+    "fleet_round_robin": {"workers": FLEET_WORKERS, "route": "round-robin"},
+    "kv_routing": {"workers": FLEET_WORKERS, "route": "kv"},
+    "kv_routing_disagg": {"workers": FLEET_WORKERS, "route": "kv", "disagg": True},
+    "pod_flash": {"workers": FLEET_WORKERS, "route": "round-robin", "pod_flash": True},
     "all": {"weights_format": "nvfp4", "kv_format": "nvfp4", "ep": 64, "imbalance": EPLB_AFTER,
             "host_staging": True},
 }
@@ -54,6 +63,7 @@ class WhatIfConfig:
     sessions_per_gpu: list[int] = field(default_factory=lambda: [1, 4, 16])
     turns: int = 6                              # each session's first turns
     max_sessions_per_gpu: int = 64              # the sweep doubles its last load up to this until the mark is reached
+    max_ttft_s: float = 10.0                    # a load whose TTFT p50 exceeds this is off the frontier (queueing)
     interactivity: list[float] = field(default_factory=lambda: [50.0, 100.0, 160.0, 200.0])
     mark: float = 160.0
     start_window_s: float = 1.0                 # sessions start spread over this
@@ -120,32 +130,43 @@ def run_point(cfg: WhatIfConfig, hw_name: str, s: Scenario, trace: Trace, scalin
     if s.host_staging:
         size = get_hardware(hw_name).get("host_bytes") or HOST_BYTES_PER_GPU
         host = str(int(size * s.ep))
-    sim = SimConfig(hw_name, "deepseek-r1", 1, s.ep, s.weights_format, s.kv_format, None, cfg.memory_utilization,
-                    host, 16, cfg.max_num_seqs * s.ep, cfg.max_num_batched_tokens * s.ep, ep=True, expert_imbalance=s.imbalance,
-                    token_weight=scaling.token_scale)
-    cost, workers, _ = build(sim)
-    n = per_gpu * s.ep
+    sim = SimConfig(hw_name, "deepseek-r1", s.workers, s.ep, s.weights_format, s.kv_format, None,
+                    cfg.memory_utilization, host, 16, cfg.max_num_seqs * s.ep, cfg.max_num_batched_tokens * s.ep,
+                    ep=True, expert_imbalance=s.imbalance, token_weight=scaling.token_scale)
+    threshold = max(int(DISAGG_THRESHOLD_TOKENS / scaling.token_scale), 0) if s.disagg else None
+    prefill = min(DISAGG_PREFILL_WORKERS, s.workers - 1) if s.disagg else None
+    fleet = build_fleet(sim, FleetConfig(s.route, s.workers, prefill, None if prefill is None else s.workers - prefill,
+                                         threshold, "catalog" if s.pod_flash else None))
+    cost, workers = fleet.cost, fleet.workers
+    gpus = s.ep * s.workers
+    n = per_gpu * gpus
     runner = Runner(workload(trace, n, cfg.turns), scaling, TokenSpace(1000, 30000), workers,
-                    RunConfig(park=True, rate=n / cfg.start_window_s), None, cost.weight_bytes())
+                    RunConfig(park=True, rate=n / cfg.start_window_s), fleet.route, cost.weight_bytes(),
+                    fleet.disagg)
     sm = runner.run()
     tpot = sm["tpot_s"]["p50"]
     watts, _ = watts_per_gpu(hw_name)
-    per_gpu_tok_s = sm["output_tok_s"] / s.ep
+    per_gpu_tok_s = sm["output_tok_s"] / gpus
     return {"sessions_per_gpu": per_gpu, "sessions": n, "requests": sm["requests"],
             "tok_s_per_user": 1.0 / tpot if tpot else None, "tok_s_per_gpu": per_gpu_tok_s,
             "tok_s_per_mw": per_gpu_tok_s / (watts / 1e6), "ttft_p50_s": sm["ttft_s"]["p50"],
             "preemptions": sm["preemptions"], "reuse_fraction": sm["prefill_tokens"]["reuse_fraction"],
+            "prefill_computed": sm["prefill_tokens"]["computed"], "reused_by_tier": sm["prefill_tokens"]["by_tier"],
             "kv_blocks_per_worker": workers[0].spec.pool.num_blocks, "skipped": sm["skipped_turns"],
             "wall_s": sm["wall_s"]}
 
 
-def at_interactivity(points: list[dict], x: float) -> dict[str, Any]:
+def at_interactivity(points: list[dict], x: float, max_ttft_s: float = float("inf")) -> dict[str, Any]:
     """tok/s/MW at x tok/s/user on the sweep's frontier: interpolated between the loads that
     bracket x; every load faster than x: the most loaded point, a lower bound (the sweep did not
-    load the system down to x); every load slower: unreachable."""
-    pts = sorted((p for p in points if p["tok_s_per_user"]), key=lambda p: p["tok_s_per_user"])
+    load the system down to x); every load slower: unreachable. A load whose TTFT p50 exceeds
+    max_ttft_s is left out (its prompts queue: per-token speed alone would flatter it, e.g. a
+    decode worker behind saturated prefill workers)."""
+    kept = [p for p in points if (p.get("ttft_p50_s") or 0.0) <= max_ttft_s]
+    capped = f" ({len(points) - len(kept)} loads left out: TTFT p50 over {max_ttft_s:g} s)" if len(kept) < len(points) else ""
+    pts = sorted((p for p in kept if p["tok_s_per_user"]), key=lambda p: p["tok_s_per_user"])
     if not pts or pts[-1]["tok_s_per_user"] < x:
-        return {"tok_s_per_mw": None, "how": "unreachable: no load of the sweep is this interactive"}
+        return {"tok_s_per_mw": None, "how": "unreachable: no load of the sweep is this interactive" + capped}
     if pts[0]["tok_s_per_user"] >= x:
         best = max(pts, key=lambda p: p["tok_s_per_mw"])
         return {"tok_s_per_mw": best["tok_s_per_mw"], "how": "lower bound: every load of the sweep is more "
@@ -164,7 +185,8 @@ def sweep(cfg: WhatIfConfig, hw_name: str, s: Scenario, trace: Trace, scaling: S
     loads = list(cfg.sessions_per_gpu)
     points = [run_point(cfg, hw_name, s, trace, scaling, n) for n in loads]
     while (min((p["tok_s_per_user"] for p in points if p["tok_s_per_user"]), default=0.0) > cfg.mark
-           and loads[-1] * 2 <= cfg.max_sessions_per_gpu):
+           and loads[-1] * 2 <= cfg.max_sessions_per_gpu
+           and all((p["ttft_p50_s"] or 0.0) <= cfg.max_ttft_s for p in points)):
         loads.append(loads[-1] * 2)
         points.append(run_point(cfg, hw_name, s, trace, scaling, loads[-1]))
     return points
@@ -191,7 +213,7 @@ def run_whatif(cfg: WhatIfConfig, trace: Trace, scaling: Scaling, progress=None)
             except ValueError as e:                            # e.g. the weights do not fit
                 rows.append({**row, "simulated": False, "why_not": str(e), "scenario": s.__dict__})
                 continue
-            at = {f"{x:g}": at_interactivity(points, x) for x in cfg.interactivity}
+            at = {f"{x:g}": at_interactivity(points, x, cfg.max_ttft_s) for x in cfg.interactivity}
             rows.append({**row, "simulated": True, "scenario": s.__dict__, "points": points, "at": at})
             if progress:
                 progress(rows[-1])

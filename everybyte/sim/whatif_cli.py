@@ -10,10 +10,14 @@ from dataclasses import asdict
 
 from everybyte.json_output import emit
 from everybyte.sim.expert_parallel import ExpertParallel
+from everybyte.sim.fleet_links import POD_FLASH
 from everybyte.sim.models import get_model
 from everybyte.sim.whatif import (
+    DISAGG_PREFILL_WORKERS,
+    DISAGG_THRESHOLD_TOKENS,
     EPLB_AFTER,
     EPLB_BEFORE,
+    FLEET_WORKERS,
     HOST_BYTES_PER_GPU,
     LEVERS,
     SYSTEMS,
@@ -41,6 +45,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--turns", type=int, default=6, help="each session's first turns")
     p.add_argument("--interactivity", default="50,100,160,200", help="tok/s/user columns")
     p.add_argument("--mark", type=float, default=160.0)
+    p.add_argument("--max-ttft", type=float, default=10.0, help="seconds of TTFT p50 above which a load is off "
+                   "the frontier (its prompts queue)")
     p.add_argument("--trace", default=None, help="agent sessions (default: the shared ones)")
     p.add_argument("--token-scale", type=float, default=None, help="default: bench agentic's for the format")
     p.add_argument("--max-num-batched-tokens", type=int, default=32, help="trace tokens per step per GPU")
@@ -76,7 +82,18 @@ def assumptions(cfg: WhatIfConfig, trace, scaling: Scaling, path: str) -> list[s
         f"load is more interactive than {cfg.mark:g} tok/s/user",
         "extrapolation: no figure here is inside a calibrated range; step costs are the catalog roofline "
         "(sim calibrate / bench sim-accuracy fit this CPU only), so every value extrapolates the cost model",
-        "not simulated: KV-aware routing + disaggregation, the pod flash tier (see their rows)",
+        f"fleet levers (fleet_round_robin, kv_routing, kv_routing_disagg, pod_flash): {FLEET_WORKERS} workers of "
+        "the baseline's EP8 behind a router (sessions per GPU x all their GPUs); fleet_round_robin is their "
+        "reference (a KV-unaware load balancer); kv_routing routes with the cluster router's policy on its KV "
+        "index fed by the workers' KV events (sim/fleet_router); kv_routing_disagg adds conditional "
+        f"disaggregation, {DISAGG_PREFILL_WORKERS} prefill + {FLEET_WORKERS - DISAGG_PREFILL_WORKERS} decode "
+        f"workers, threshold {DISAGG_THRESHOLD_TOKENS} real tokens of uncached prefill, the KV moved at NVLink "
+        "within one domain, the NIC otherwise; pod_flash = round-robin + a pod flash tier (G3.5) every worker "
+        "writes new blocks through to and loads from at the NIC's bandwidth (sim/fleet_links: "
+        + "; ".join(f"{k} {v:g} from {src}" for k, (v, src) in POD_FLASH.items()) + "); "
+        "'all' stacks the per-worker levers on one worker (the fleet levers are not in it)",
+        f"queueing: a load whose TTFT p50 exceeds {cfg.max_ttft_s:g} s is off the frontier and ends the sweep "
+        "(per-token speed alone would flatter a decode worker behind saturated prefill workers)",
     ]
     out += [f"power: {hw}: {watts_per_gpu(hw)[1]}" for hw in cfg.hardware]
     m = get_model("deepseek-r1")
@@ -92,6 +109,7 @@ def main(argv: list[str]) -> int:
                            sessions_per_gpu=[int(x) for x in args.sessions_per_gpu.split(",")], turns=args.turns,
                            max_sessions_per_gpu=args.max_sessions_per_gpu,
                            interactivity=[float(x) for x in args.interactivity.split(",")], mark=args.mark,
+                           max_ttft_s=args.max_ttft,
                            max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs)
         if cfg.mark not in cfg.interactivity:
             cfg.interactivity = sorted(cfg.interactivity + [cfg.mark])

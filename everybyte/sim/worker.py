@@ -10,9 +10,8 @@ from everybyte.engine.scheduler import Scheduler
 from everybyte.kv.block_id import KVNamespace
 from everybyte.kv.clock import VirtualClock
 from everybyte.kv.memory_manager import KVMemoryManager
-from everybyte.kv.tier_movement import TierSet
 from everybyte.sim.mover import SimMover
-from everybyte.sim.tiers import NameTier
+from everybyte.sim.tiers import NameTier, SyncTierSet
 
 
 @dataclass
@@ -57,12 +56,14 @@ class WorkerSpec:
 
 
 class SimWorker:
-    def __init__(self, index: int, spec: WorkerSpec, executor_for, transfer_seconds, eos=()):
-        """executor_for(clock) -> Executor; transfer_seconds(level, nbytes) -> seconds."""
+    def __init__(self, index: int, spec: WorkerSpec, executor_for, transfer_seconds, eos=(), shared_tiers=()):
+        """executor_for(clock) -> Executor; transfer_seconds(level, nbytes) -> seconds; shared_tiers:
+        tiers every worker of the pod holds (the pod flash tier, sim/fleet_build)."""
         self.index, self.spec = index, spec
         self.clock = VirtualClock(0.0)
         pool = spec.pool
-        tiers = TierSet([NameTier(spec.host_tier_bytes, "G2", pool.bytes_per_block)] if spec.host_tier_bytes else [])
+        local = [NameTier(spec.host_tier_bytes, "G2", pool.bytes_per_block)] if spec.host_tier_bytes else []
+        tiers = SyncTierSet(local + list(shared_tiers))
         self.mover = SimMover(tiers, self.clock, pool.bytes_per_block, transfer_seconds)
         ns = KVNamespace(spec.model_id, kv_format=spec.kv_format, block_size=pool.block_size)
         self.memory = KVMemoryManager(pool, ns, tiers, offload_on_park=spec.offload_on_park, clock=self.clock,

@@ -1,0 +1,112 @@
+"""KV-aware routing in the simulator with the cluster router's own code: the KV index
+(cluster/kv_index) fed by the simulated workers' KV events, the policy (cluster/policy: Dynamo's
+cost and the home rule) and the router's bookkeeping (cluster/decide). Only the transport
+differs: each worker's memory manager publishes its events (`KVMemoryManager.kv_events`, what
+`serve --kv-events` publishes) straight into the index at the virtual time they happen, and its
+load and speeds (serve/kv_info) are read when a request is routed instead of polled each second.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from everybyte.cluster.decide import Decider, Plan
+from everybyte.cluster.policy import Policy
+from everybyte.cluster.worker_state import Worker
+from everybyte.kv.events import KVEvent
+from everybyte.serve.kv_info import speeds
+from everybyte.sim.runner import SimRequest
+from everybyte.sim.worker import SimWorker
+
+DRAIN_EVERY = 4096                # events kept in a worker's EventLog before it is emptied
+
+
+@dataclass(eq=False)
+class SimWorkerView(Worker):
+    """The router's Worker for a simulated one (url sim://i): its /v1/kv/info answered live."""
+    sim: Any = None
+    role_name: str = "both"
+
+    def refresh(self) -> None:
+        mem, sched = self.sim.memory, self.sim.core.scheduler
+        if self.info is None:
+            self.info = {"role": self.role_name, "namespace_digest": self.namespace.digest.hex()}
+        self.info["speeds"] = speeds(mem)
+        self.info["load"] = {"num_running": len(sched.running), "num_waiting": len(sched.waiting) + len(sched.loading)}
+
+
+class FleetRouter:
+    """route(request) -> worker index for the Runner, with the cluster's policy; the decode side
+    of disaggregation (sim/fleet_disagg) plans through it too."""
+
+    def __init__(self, workers: list[SimWorker], roles: list[str], policy: Policy):
+        self.decider = Decider(policy)
+        self.workers = workers
+        self.views = [SimWorkerView(f"sim://{w.index}", True, None, w.memory.ns.with_tenant(None), sim=w,
+                                    role_name=r) for w, r in zip(workers, roles)]
+        self.index_of = {v.url: i for i, v in enumerate(self.views)}
+        self.plans: dict[str, Plan] = {}             # request id -> its plan, until it finishes
+        self.events = 0
+        for w, v in zip(workers, self.views):
+            v.refresh()
+            self.decider.index.add_worker(v.url, v.digest)
+            self._subscribe(w, v.url)
+            w.core.observers.append(self._observer(v))
+            w.core.on_finish = self._finished
+
+    def _subscribe(self, w: SimWorker, url: str) -> None:
+        index, pending = self.decider.index, [0]
+
+        def publish(e: KVEvent) -> None:
+            index.apply(url, (e,))
+            self.events += 1
+            pending[0] += 1
+            if pending[0] >= DRAIN_EVERY:            # nobody else reads the log: keep it from growing
+                pending[0] = 0
+                log.drain()
+        log = w.memory.kv_events(publish)
+
+    def _observer(self, view: SimWorkerView):
+        def observe(sched, res) -> None:
+            if res is None:
+                return
+            for i in res.rows:                      # a first token: its prefill no longer queues there
+                seq = sched.seqs[i]
+                if seq.num_completion_tokens == 0 and (plan := self.plans.get(seq.request_id)) is not None:
+                    self.decider.prefilled(plan)
+        return observe
+
+    def _finished(self, seq) -> None:
+        self._finished_id(seq.request_id)
+
+    def forget(self, request_id: str) -> None:
+        """The engine refused a routed turn: it is no longer in flight there."""
+        self._finished_id(request_id)
+
+    def _finished_id(self, request_id: str) -> None:
+        plan = self.plans.pop(request_id, None)
+        if plan is not None:
+            self.decider.end(plan)
+
+    def candidates(self, roles: tuple[str, ...] = ("both", "decode"), digest: str | None = None) -> list[SimWorkerView]:
+        out = [v for v in self.views if v.role_name in roles and (digest is None or v.digest == digest)]
+        for v in out:
+            v.refresh()
+        return out
+
+    def plan(self, tokens: list[int], session: str | None, roles: tuple[str, ...] = ("both", "decode"),
+             digest: str | None = None) -> Plan:
+        return self.decider.plan(self.candidates(roles, digest), tokens, None, session)
+
+    def begin(self, plan: Plan, request_id: str) -> int:
+        self.decider.begin(plan)
+        self.plans[request_id] = plan
+        return self.index_of[plan.worker.url]
+
+    def __call__(self, req: SimRequest) -> int:
+        return self.begin(self.plan(req.prompt, req.session_id), req.request_id)
+
+    def describe(self) -> dict[str, Any]:
+        return {"policy": self.decider.policy.name, "kv_events_applied": self.decider.index.events_applied,
+                "roles": [v.role_name for v in self.views]}
+

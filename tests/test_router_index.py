@@ -102,6 +102,9 @@ def test_kv_session_stays_where_its_kv_is_ready_first():
     home.info = None
     fork = Request(180, 4, {"home": Overlap(30, 30, 30, 30), "idle": Overlap(2, 2, 2, 2)})
     assert pol.choose(fork, [home, idle]).worker is home
+    # a prefix covering half the prompt or less (a system prompt an earlier session left) makes no home
+    prompt = Request(180, 4, {"home": Overlap(22, 22, 22, 22)})
+    assert pol.choose(prompt, [home, idle]).worker is idle
     # a prefix every worker holds equally has no home: Dynamo's cost spreads it
     shared = Request(180, 4, {"home": Overlap(30, 30, 30, 30), "idle": Overlap(30, 30, 30, 30)})
     assert pol.choose(shared, [home, idle]).worker is idle

@@ -6,8 +6,8 @@ tokens) / block size) and decode_blocks the blocks it already has active plus th
 lowest cost wins. Extended: a prefix block in the worker's G2 or G3, or in the pod-shared tier
 (G3.5), costs its load time relative to prefill (the worker's /v1/kv/info speeds, defaults when it
 states none) instead of zero or a full recompute; and a request goes back to its home, the worker
-holding its session (without one: the one worker holding its deepest prefix, e.g. a sub-agent
-forked from a session), unless another worker can have its KV sooner: the prefill it must do there
+holding its session (without one: the one worker holding its deepest prefix when that covers
+more than half the prompt, e.g. a sub-agent forked from a session), unless another worker can have its KV sooner: the prefill it must do there
 plus the prefill the router has queued there (its in-flight requests' uncached blocks) against the
 same on every other worker. Dynamo's decode blocks do not count against the home: they are KV in
 use, not work ahead of the first token, and leaving the home recomputes the whole prefix (the
@@ -25,6 +25,9 @@ from everybyte.cluster.kv_index import Overlap
 from everybyte.cluster.worker_state import Worker
 
 POLICIES = ("kv", "round-robin", "random", "least-loaded", "session")
+# A sessionless request's home needs more than this share of its prompt cached there (SGLang's
+# cache-aware router uses the same 0.5 as its cache_threshold for the best-match worker).
+HOME_MIN_MATCH = 0.5
 
 
 @dataclass
@@ -33,6 +36,7 @@ class Request:
     block_size: int
     overlaps: dict[str, Overlap] = field(default_factory=dict)      # worker url -> prefix depths
     session_worker: str | None = None                                # where its session lives
+    new_session: bool = False                                        # a session's first request
 
     @property
     def blocks(self) -> int:
@@ -99,7 +103,13 @@ class Policy:
         i = min(ties, key=lambda i: (candidates[i].queue_depth(), (i - self._next) % n)) if len(ties) > 1 else ties[0]
         w, cost = candidates[i], best
         home = self._home(req, candidates)
-        if home is not None and home != i and not candidates[home].full():
+        if home is None and req.new_session:
+            # a new session without a home goes where the least KV is held (SGLang's cache-aware
+            # router below its match threshold): its turns will stay there, so cost alone, which
+            # prefers the worker with a common prefix, would gather every session on one worker
+            i = min(range(n), key=lambda j: (candidates[j].cached_blocks + candidates[j].active_blocks, costs[j]))
+            w, cost = candidates[i], costs[i]
+        elif home is not None and home != i and not candidates[home].full():
             # a session (or the only worker holding the deepest prefix) keeps it unless another has the KV sooner
             ready = [time_to_kv(req, c) for c in candidates]
             if ready[home] <= min(ready):
@@ -109,14 +119,20 @@ class Policy:
 
     @staticmethod
     def _home(req: Request, candidates: Sequence[Worker]) -> int | None:
-        """The session's worker; else the one worker whose prefix is deeper than every other's (a
-        prefix all hold equally has no home, so shared system prompts still spread by cost)."""
+        """The session's worker; else the one worker whose prefix is deeper than every other's and
+        covers more than HOME_MIN_MATCH of the prompt (a fork of a session's context). A shorter
+        prefix, such as a system prompt the first worker computed for an earlier session, makes no
+        home: otherwise no other worker would ever compute it and every new session would follow it
+        there (the simulated fleet showed all turns on one worker). A prefix all hold equally has
+        no home either: Dynamo's cost spreads those."""
         for j, c in enumerate(candidates):
             if c.url == req.session_worker:
                 return j
         depth = [req.overlaps.get(c.url, Overlap()).total for c in candidates]
         deepest = max(depth)
-        return depth.index(deepest) if deepest > 0 and depth.count(deepest) == 1 else None
+        if deepest <= HOME_MIN_MATCH * req.blocks or depth.count(deepest) > 1:
+            return None
+        return depth.index(deepest)
 
     def _decision(self, req: Request, w: Worker, cost: float = 0.0) -> Decision:
         o = req.overlaps.get(w.url, Overlap())

@@ -21,6 +21,7 @@ class Worker:
     in_flight: int = 0                    # requests the router has open there
     active_blocks: int = 0                # their blocks (Dynamo's decode blocks)
     queued_prefill_blocks: float = 0.0    # their blocks this worker computes (uncached when routed)
+    cached_blocks: int = 0                # G1 blocks its KV events say it holds (set when routing)
     failures: int = 0
 
     @property

@@ -40,6 +40,10 @@ def _summary(values: list[float]) -> dict[str, float | int]:
 
 def _step_rank_loads(counts: torch.Tensor, maps: list[list[int]], num_ranks: int) -> torch.Tensor:
     """[L, N] tokens per rank of one step's counts [L, E] under the served replica rule."""
+    if all(len(m) == counts.shape[1] for m in maps):          # no replicas: each expert's one slot decides
+        slot_rank = torch.arange(counts.shape[1]) // (counts.shape[1] // num_ranks)
+        rank_of = slot_rank[torch.argsort(torch.tensor(maps), dim=1)]     # rank of each logical expert
+        return torch.zeros(len(maps), num_ranks, dtype=torch.int64).scatter_add_(1, rank_of, counts.long())
     return torch.tensor([rank_loads_chosen(row, m, num_ranks) for row, m in zip(counts.tolist(), maps)])
 
 

@@ -6,7 +6,7 @@ the calibration text `quantize --method gptq` uses (CPython's json/decoder.py an
 the Apache-2.0 text; the perplexity benches score argparse.py and GPL-3); see models/moe_from_dense.
 The directory has architecture llama_moe (Llama attention, chosen experts summed unweighted), its
 tokenizer and chat template, and loads with load_model / serve / LLM. With --eval-tokens N it prints
-the perplexity over the first N tokens of argparse.py at top-k 1, 2, 4, its own top-k and E next to the dense model's.
+the perplexity over the first N tokens of argparse.py at top-k 1, 2, 4 and E next to the dense model's.
 """
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def moeify(model, out: str | Path, experts: int = 8, top_k: int = 2, calibration
 
 
 def perplexities(model, moe_dir: str | Path, tokens: int) -> dict:
-    """Perplexity of the dense model and of the MoE at top-k 1, 2, 4, its own top-k and E on held-out text."""
+    """Perplexity of the dense model and of the MoE at top-k 1, 2, 4 and E on held-out text."""
     from everybyte.models.loader import load_model
     from everybyte.models.moe_from_dense import set_top_k
     dense = load_model(model, dtype="fp32")
@@ -127,7 +127,7 @@ def perplexities(model, moe_dir: str | Path, tokens: int) -> dict:
     moe = load_model(moe_dir, dtype="fp32")
     experts = moe.config.num_experts
     result["ppl_by_top_k"] = {}
-    for k in sorted({k for k in (1, 2, 4, moe.config.num_experts_per_tok, experts) if k <= experts}):
+    for k in sorted({k for k in (1, 2, 4, experts) if k <= experts}):
         set_top_k(moe.model, k)
         result["ppl_by_top_k"][str(k)] = round(math.exp(teacher_forced_nll(moe.model, ids)), 3)
     return result

@@ -5,7 +5,8 @@ G GPUs of R/G slots each:
 1. replicate: every expert gets one slot, then each extra slot goes to the expert with the
    highest load per replica (load / replicas so far);
 2. pack: replicas (each carrying load / replicas of its expert), heaviest first, go to the
-   lightest GPU that still has a free slot.
+   lightest GPU that still has a free slot and, while such a GPU exists, holds no replica of the
+   same expert (the dispatcher moves a step's load between replicas on different GPUs only).
 Hierarchical when the expert groups divide among the nodes: groups are packed onto nodes the
 same way first (so a group's tokens stay on one node), then replication and packing run inside
 each node. Otherwise one global pass (one group, one node).

@@ -44,6 +44,12 @@ def test_replay_imbalance_before_and_after():
     assert r2["in_sample_after"]["mean"] <= r0["in_sample_after"]["mean"] <= r0["in_sample_before"]["mean"]
     assert r2["slots_per_rank"] == 4
     assert expert_skew(routing)["mean"] > 1.5
+    for r in (r0, r2):                   # a step waits for its busiest rank: never less than the interval's sums
+        assert r["after_per_step"]["mean"] >= r["after"]["mean"] and r["before_per_step"]["mean"] >= r["before"]["mean"]
+    assert r0["after"] == r0["after_even_split"]              # no replicas: nothing to choose
+    # replicas chosen per step from the step's own load beat a fixed even split on the same placements
+    assert r2["after"]["mean"] < r2["after_even_split"]["mean"]
+    assert r2["after_per_step"]["mean"] < r0["after_per_step"]["mean"]
 
 
 def test_replay_window_longer_than_interval():

@@ -68,6 +68,31 @@ def test_replicas_go_to_the_highest_load_per_replica():
     assert balanced_packing([3, 9], 2) == ([0, 1], [0, 0])   # one item a pack keeps the order
 
 
+def test_replicas_of_one_expert_go_to_different_gpus_when_they_can():
+    # one hot expert, 3 replicas over 2 GPUs of 3 slots: plain packing would put two on the lighter GPU
+    pack, _ = balanced_packing([10, 10, 10, 1, 1, 1], 2)
+    assert sorted(pack[:3]) == [0, 0, 1]
+    pack, _ = balanced_packing([10, 10, 10, 1, 1, 1], 2, labels=[0, 0, 0, 1, 2, 3])
+    assert sorted(pack[:3]) == [0, 0, 1]                          # 3 replicas, 2 GPUs: one must share
+    pack, _ = balanced_packing([6, 6, 5, 5], 2, labels=[0, 0, 1, 1])
+    assert pack[0] != pack[1] and pack[2] != pack[3]            # unlabelled: 6, 6 -> 0, 1; 5, 5 -> 0, 1 too
+    pack, _ = balanced_packing([9, 5, 5, 1], 2, labels=[0, 1, 1, 2])
+    assert pack[1] != pack[2]                                   # unlabelled: 9 -> 0, 5 -> 1, 5 -> 1 (lighter)
+    assert balanced_packing([9, 5, 5, 1], 2)[0][1] == balanced_packing([9, 5, 5, 1], 2)[0][2]
+    rng = random.Random(3)
+    shared = {False: 0, True: 0}                                # replicas sharing a GPU, 20 skewed layers
+    unavoidable = 0                                             # an expert with more replicas than GPUs
+    for _ in range(20):
+        load = [rng.paretovariate(1.0) * 100 for _ in range(8)]
+        experts, _, count = replicate(load, 16)                 # 2 redundant a GPU at 4 GPUs
+        weights = [load[e] / count[e] for e in experts]
+        unavoidable += sum(max(0, c - 4) for c in count)
+        for labelled in (False, True):
+            pack, _ = balanced_packing(weights, 4, labels=experts if labelled else None)
+            shared[labelled] += len(experts) - len({(e, g) for e, g in zip(experts, pack)})
+    assert shared[True] == unavoidable < shared[False]
+
+
 def test_redundant_experts_cut_imbalance_on_skewed_load():
     rng = random.Random(0)
     load = [[rng.paretovariate(1.2) * 100 for _ in range(16)] for _ in range(6)]

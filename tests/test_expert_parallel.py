@@ -25,9 +25,9 @@ from everybyte.cluster.launcher import plan_workers
 from everybyte.dist import RankDiedError
 from everybyte.engine.llm import LLM
 from everybyte.engine.sampling_params import SamplingParams
+from everybyte.models import moe_dispatch, replica_choice
 from everybyte.models.expert_moves import transfer_plan
 from everybyte.models.expert_placement import ExpertPlacement
-from everybyte.models.moe_dispatch import ReplicaTable
 from everybyte.models.tokenizer import Tokenizer
 
 transformers = pytest.importorskip("transformers")
@@ -191,11 +191,31 @@ def test_cluster_launcher_runs_expert_parallel_workers(moe_dir, reference):
         launcher.stop()
 
 
-def test_transfer_plan_and_replica_choice():
+def test_transfer_plan():
     old = ExpertPlacement.identity(EXPERTS, 2)
     new = ExpertPlacement(EXPERTS, 2, 0, [0, 2, 4, 6, 7, 7, 1, 3, 5, 0], 5)
     assert transfer_plan(old, new) == {(0, 4): 1, (0, 6): 1, (0, 7): 1, (1, 0): 0, (1, 1): 0, (1, 3): 0}
-    table = ReplicaTable(new, torch.device("cpu"))
-    ids = torch.tensor([[7, 2], [7, 0], [7, 0], [5, 3]])
-    # expert 7 sits in slots 4 and 5, expert 0 in 0 and 9: token t takes replica t mod 2
-    assert table.choose(ids).tolist() == [[4, 1], [5, 9], [4, 0], [8, 7]]
+
+
+def test_replicas_chosen_per_step_keep_tokens(moe_dir, reference, monkeypatch):
+    """Every expert on both ranks: each step's tokens are split over the replicas by the step's load
+    (models/replica_choice), and the tokens and log-probabilities stay those of EP=1."""
+    quotas = []
+
+    def spy(counts, p2l, ranks):
+        quotas.append(replica_choice.slot_quotas(counts, p2l, ranks))
+        return quotas[-1]
+    monkeypatch.setattr(moe_dispatch, "slot_quotas", spy)
+    llm = LLM(str(moe_dir), expert_parallel=2, **ENGINE)
+    try:
+        both = list(range(EXPERTS)) + list(range(EXPERTS))
+        for layer in (0, 2):
+            llm.expert_parallel.apply_placement(layer, ExpertPlacement(EXPERTS, 2, 0, both, EXPERTS))
+        tokens, logprobs = run(llm)
+    finally:
+        llm.close()
+    assert tokens == reference[0]
+    assert_close(logprobs, reference[1])
+    per_rank = [(sum(q[:EXPERTS]), sum(q[EXPERTS:])) for q in quotas]
+    assert per_rank and all(abs(a - b) <= 1 for a, b in per_rank)     # each step split evenly over the ranks
+    assert sum(b for _, b in per_rank) > 0                            # rank 1's replicas served tokens

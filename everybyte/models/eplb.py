@@ -5,7 +5,8 @@ G GPUs of R/G slots each:
 1. replicate: every expert gets one slot, then each extra slot goes to the expert with the
    highest load per replica (load / replicas so far);
 2. pack: replicas (each carrying load / replicas of its expert), heaviest first, go to the
-   lightest GPU that still has a free slot.
+   lightest GPU that still has a free slot and, while such a GPU exists, holds no replica of the
+   same expert (the dispatcher moves a step's load between replicas on different GPUs only).
 Hierarchical when the expert groups divide among the nodes: groups are packed onto nodes the
 same way first (so a group's tokens stay on one node), then replication and packing run inside
 each node. Otherwise one global pass (one group, one node).
@@ -21,9 +22,12 @@ import torch
 Loads = Sequence[Sequence[float]]
 
 
-def balanced_packing(weights: Sequence[float], num_packs: int) -> tuple[list[int], list[int]]:
+def balanced_packing(weights: Sequence[float], num_packs: int,
+                     labels: Sequence[int] | None = None) -> tuple[list[int], list[int]]:
     """Items of `weights` into `num_packs` packs of equal item count, heaviest first into the
-    lightest pack with room: (pack of each item, its position in the pack)."""
+    lightest pack with room: (pack of each item, its position in the pack). With `labels` (the
+    expert of each replica), a pack that already holds the label is passed over while another
+    has room: two replicas of one expert on one GPU cannot share a step's load between GPUs."""
     n = len(weights)
     if num_packs < 1 or n % num_packs:
         raise ValueError(f"cannot pack {n} items into {num_packs} packs of equal size")
@@ -32,8 +36,14 @@ def balanced_packing(weights: Sequence[float], num_packs: int) -> tuple[list[int
         return list(range(n)), [0] * n
     pack_of, rank_in_pack = [-1] * n, [-1] * n
     load, count = [0.0] * num_packs, [0] * num_packs
+    held: list[set[int]] = [set() for _ in range(num_packs)]
     for item in sorted(range(n), key=lambda i: -weights[i]):
-        pack = min((p for p in range(num_packs) if count[p] < per_pack), key=load.__getitem__)
+        room = [p for p in range(num_packs) if count[p] < per_pack]
+        if labels is not None:
+            room = [p for p in room if labels[item] not in held[p]] or room
+        pack = min(room, key=load.__getitem__)
+        if labels is not None:
+            held[pack].add(labels[item])
         pack_of[item], rank_in_pack[item] = pack, count[pack]
         load[pack] += weights[item]
         count[pack] += 1
@@ -76,7 +86,7 @@ def _rebalance_layer(w: Sequence[float], num_replicas: int, num_groups: int, num
         loads = [float(w[e]) for e in experts]
         slot_expert, slot_replica, count = replicate(loads, per_node_slots)
         gpu_of, pos_in_gpu = balanced_packing([loads[e] / count[e] for e in slot_expert],
-                                              num_gpus // num_nodes)
+                                              num_gpus // num_nodes, labels=slot_expert)
         for s, local in enumerate(slot_expert):
             phys = node * per_node_slots + gpu_of[s] * slots_per_gpu + pos_in_gpu[s]
             phy2log[phys], phy_rank[phys] = experts[local], slot_replica[s]

@@ -4,7 +4,8 @@ experts and come back weighted, with all-to-all through dist/ (one exchange per 
 Every rank of the group calls forward() for every MoE layer of every step, in the same order,
 with its own tokens (a rank that has none passes zero rows; it still runs the experts others
 send it). Per (token, expert) a replica is chosen among the placement's physical slots holding
-the expert (spread by token index, so replicas share the load); a token goes once to each rank
+the expert (models/replica_choice: a replicated expert's tokens go to the replicas on the ranks
+least loaded in this step, from the step's own counts); a token goes once to each rank
 holding any of its choices, with the local slots there (-1 for choices elsewhere) and the
 combine weights; the rank returns the weighted sum over its slots and the partial sums from the
 ranks are added per token. The counts exchange also carries the layer index, so ranks that fell
@@ -15,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from everybyte.dist import ProcessGroup
+from everybyte.models.replica_choice import slot_quotas
 
 
 class ReplicaTable:
@@ -23,14 +25,28 @@ class ReplicaTable:
     def __init__(self, placement, device: torch.device):
         reps = [placement.replicas(e) for e in range(placement.num_logical)]
         width = max(len(r) for r in reps)
-        self.placement = placement
+        self.placement, self.width = placement, width
         self.slots = torch.tensor([r + [r[0]] * (width - len(r)) for r in reps], dtype=torch.long, device=device)
         self.count = torch.tensor([len(r) for r in reps], dtype=torch.long, device=device)
 
     def choose(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids [T, k] logical -> physical slot [T, k]; token t takes replica t mod count."""
-        token = torch.arange(ids.shape[0], device=ids.device)[:, None]
-        return self.slots[ids, token % self.count[ids]]
+        """ids [T, k] logical -> physical slot [T, k]. An expert with one slot takes it; a replicated
+        expert's (token, choice) pairs, in token order, fill its replicas' step quotas
+        (replica_choice.slot_quotas: the least-loaded ranks of this step first)."""
+        if self.width == 1 or ids.numel() == 0:
+            return self.slots[ids, 0]
+        p, flat = self.placement, ids.reshape(-1)
+        counts = torch.bincount(flat, minlength=p.num_logical)
+        quota = torch.tensor(slot_quotas(counts.tolist(), p.physical_to_logical, p.num_ranks),
+                             dtype=torch.long, device=ids.device)
+        real = torch.arange(self.width, device=ids.device)[None, :] < self.count[:, None]
+        ends = torch.where(real, quota[self.slots], 0).cumsum(1)       # [E, width] cumulative quotas
+        order = torch.argsort(flat, stable=True)
+        starts = counts.cumsum(0) - counts
+        pos = torch.empty_like(flat)
+        pos[order] = torch.arange(flat.numel(), device=ids.device) - starts[flat[order]]
+        j = (pos[:, None] >= ends[flat]).sum(1).clamp_(max=self.width - 1)
+        return self.slots[flat, j].view_as(ids)
 
 
 class AllToAllDispatcher:

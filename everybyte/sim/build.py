@@ -52,7 +52,7 @@ def build(cfg: SimConfig, calibration: StepFit | None = None) -> tuple[CostModel
     spec = WorkerSpec(pool, model_id=model.name, kv_format=cfg.kv_format, host_tier_bytes=host,
                       max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
                       max_model_len=model.max_len)
-    workers = [SimWorker(i, spec, lambda clock: CostExecutor(clock, cost.batch_seconds), cost.transfer_seconds)
+    workers = [SimWorker(i, spec, lambda clock: CostExecutor(clock, cost.batch_seconds, decode=cost), cost.transfer_seconds)
                for i in range(cfg.workers)]
     info = {"cost_model": cost.describe(), "model": model.describe(cfg.weights_format, cfg.kv_format),
             "hardware": hw.describe(), "workers": cfg.workers,

@@ -140,7 +140,7 @@ class Runner:
             st = SessionState(s, prompts, s.id)
             st.last_use = {t.parent: k for k, t in enumerate(s.turns) if t.parent is not None}
             self._push(t_arrival, ARRIVE, st)
-        wall0 = time.perf_counter()
+        wall0, cpu0 = time.perf_counter(), time.process_time()
         while self.events:
             t, kind, _, n, what = heapq.heappop(self.events)
             self.now = t
@@ -150,10 +150,12 @@ class Runner:
                 self._arrive(what)                                  # type: ignore[arg-type]
             elif self.step_event.get(what.index) == n:             # type: ignore[attr-defined]
                 self._step(what)                                    # type: ignore[arg-type]
-        wall = time.perf_counter() - wall0
+        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
         stuck = sum(len(w.core.requests) for w in self.workers)
-        return summarize(self.turns, self.workers, wall, self.n_events, self.skipped, self.rejected, stuck,
-                         self.weights_bytes)
+        out = summarize(self.turns, self.workers, wall, self.n_events, self.skipped, self.rejected, stuck,
+                        self.weights_bytes)
+        out["cpu_s"] = cpu                 # the event loop's processor time: steadier than wall on a shared host
+        return out
 
     # ---- a turn arrives ---------------------------------------------------------------------------
     def _skip(self, why: str, n: int) -> None:

@@ -120,8 +120,9 @@ class Runner:
 
     def _catch_up(self, t: float) -> None:
         """Every planned run's steps that start before t happen now (an arrival at t is next)."""
-        for w, run in list(self.runs.values()):
-            w.core.advance_decode(run, run.steps_before(t) - run.done)
+        for w, run in self.runs.values():
+            if run.times[run.done] < t:       # its next step starts before t
+                w.core.advance_decode(run, run.steps_before(t) - run.done)
 
     def _stop_run(self, w: SimWorker) -> None:
         """Something outside changes the worker now: the rest of its run is dropped; it steps next

@@ -9,7 +9,7 @@ import pytest
 from everybyte.engine.sampling_params import SamplingParams
 from everybyte.engine.sequence import Sequence
 from everybyte.sim.build import SimConfig, build
-from everybyte.sim.runner import RunConfig, Runner
+from everybyte.sim.runner import ROUTES, RunConfig, Runner
 from everybyte.traces import load_trace
 from everybyte.traces.scaling import Scaling
 from everybyte.traces.tokens import TokenSpace
@@ -25,13 +25,11 @@ def _replay(multi_step: bool, route: str = "sticky", kv: str = "4MiB", host: str
     cost, workers, _ = build(cfg)
     tr = load_trace(trace)
     scaling = Scaling.defaults(tr.format, cost.model.max_len, gap_scale=1.0, max_gap_s=2.0)
-    from everybyte.sim.runner import ROUTES
     runner = Runner(tr, scaling, TokenSpace(), workers, RunConfig(park=True, park_min_gap_s=0.1,
                                                                      multi_step=multi_step),
                     ROUTES[route](len(workers)), cost.weight_bytes())
     summary = runner.run()
-    return {"summary": summary, "turns": sorted(runner.turns, key=lambda t: (t.session, t.turn)),
-            "token_times": None}
+    return {"summary": summary, "turns": sorted(runner.turns, key=lambda t: (t.session, t.turn))}
 
 
 def _same(a: float, b: float) -> bool:

@@ -31,7 +31,7 @@ BENCHMARKS = {
     "memory": ("everybyte.bench.micro.memory", "levers off vs each lever vs all: prefill computed, resumed-turn TTFT, tok/s, G1 ledger"),
     "disk-reader": ("everybyte.bench.micro.disk_reader", "the disk tier's reader (C and Python) vs a plain sequential read"),
     "router": ("everybyte.bench.micro.router", "router microbenchmark: decision p50/p99 and KV event ingestion at 64 workers, 1M blocks"),
-    "sim-speed": ("everybyte.bench.sim_speed", "simulated requests per wall-second of `everybyte sim run` at 64 workers"),
+    "sim-speed": ("everybyte.bench.sim_speed", "simulated requests per wall- and CPU-second of `everybyte sim run` at 64 workers"),
     "sim-accuracy": ("everybyte.bench.sim_accuracy", "the simulator vs the real engine on held-out agent sessions: TTFT, tok/s, prefill"),
     "compare": ("everybyte.bench.compare", "everybyte's server vs peer servers (bench/peers/) on the same trace"),
     "kv-transfer": ("everybyte.bench.micro.kv_transfer", "disaggregated prefill->decode: bytes and bandwidth per KV format over the connector"),

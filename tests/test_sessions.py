@@ -57,3 +57,21 @@ def test_shared_owner_is_not_a_string():
     cache.park("<shared>")            # a client may call its session anything
     with pytest.raises(ValueError):
         cache.park(SHARED)
+
+
+def test_context_refs_count_every_session_holding_a_name():
+    t = SessionTable(max_sessions=8)
+    names = [bytes([i]) * 16 for i in range(8)]
+    for sid in ("a", "b"):
+        t.touch(sid)
+    t.record_context("a", 64, names[:3])
+    t.record_context("a", 96, names[:5])                  # grew: the kept names are not counted twice
+    t.record_context("b", 64, names[:2] + names[6:7])
+    t.record_context("b", 32, names[6:8])                 # another context: the old names lose b
+    want: dict = {}
+    for s in t.sessions.values():
+        for n in s.names:
+            want[n] = want.get(n, 0) + 1
+    assert dict(t.refs) == want
+    t.pop("a")
+    assert not t.held(names[0]) and t.held(names[6])

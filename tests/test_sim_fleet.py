@@ -46,6 +46,8 @@ def test_kv_routing_keeps_sessions_on_their_prefix_and_computes_less(runs):
     assert kv["fleet"]["session_moves"] == 0 < rr["fleet"]["session_moves"]
     assert kv["prefill_tokens"]["computed"] < 0.6 * rr["prefill_tokens"]["computed"]
     assert runs["kv_shared"]["prefill_tokens"]["computed"] < runs["rr_shared"]["prefill_tokens"]["computed"]
+    # a system prompt every session shares is no magnet: new sessions still spread over the workers
+    assert sum(w["turns"] > 0 for w in runs["kv_shared"]["fleet"]["workers"]) == 3
 
 
 def test_disaggregation_moves_the_kv_and_decode_computes_only_the_tail(runs):
@@ -106,3 +108,16 @@ class _no_exit:
 
     def __exit__(self, *exc):
         return False
+
+
+def test_the_fleet_makes_the_same_decisions_with_multi_step_decode(capsys):
+    """Routing, disaggregation hand-offs (`later` calls) and the shared pod tier are outside events
+    for the workers' planned decode runs: jumping over decode steps changes nothing."""
+    args = ["--prefill", "1", "--decode", "2", "--trace", SHARED, "--route", "kv", "--disagg-threshold", "64",
+            "--pod-flash", "1GiB"]
+    on, off = sim(capsys, *args), sim(capsys, *args, "--no-multi-step")
+    assert on["events"] < off["events"] and off["fleet"]["disagg"]["turns"] > 10
+    for d in (on, off):
+        for key in ("wall_s", "sim_requests_per_wall_s", "cpu_s", "events"):
+            d.pop(key)
+    assert on == off

@@ -185,3 +185,26 @@ def test_synthetic_is_seeded_and_shares_the_system_prompt():
     p0 = SessionPrompts(a.sessions[0], sc, TokenSpace(), "m", a.name).prompt(0, {})
     p1 = SessionPrompts(a.sessions[1], sc, TokenSpace(), "m", a.name).prompt(0, {})
     assert p0[:512] == p1[:512] and p0[512:520] != p1[512:520]          # shared across sessions in a run
+
+
+def test_vectorized_content_is_token_space_token_at_every_position():
+    """SessionPrompts.content (numpy, the simulator's hot loop) gives TokenSpace.token of the
+    module docstring at every scaled position: hashed blocks by (namespace, hash id, position),
+    the unhashed tail by (session, turn), for scales that split blocks unevenly and huge ids."""
+    trace = generate(SyntheticSpec(sessions=2, turns=3, seed=4, block_size=16))
+    session = trace.sessions[1]
+    session.turns[0].hash_ids[0] = (1 << 70) + 5              # ids beyond 64 bits wrap like the reference
+    space = TokenSpace(1000, 30000)
+    for token_scale in (1.0, 3.0, 7.5):
+        sc = Scaling.defaults(trace.format, 1 << 20, token_scale=token_scale)
+        sp = SessionPrompts(session, sc, space, "m", trace.name)
+        for k, turn in enumerate(session.turns):
+            h, bs = turn.hash_ids, session.block_size
+            for rec_a, rec_b, n in ((0, turn.input_tokens, None), (3, turn.input_tokens + 200, 50)):
+                first, end = sc.scaled_pos(rec_a), sc.scaled_pos(rec_b)
+                want = []
+                for s in range(first if n is None else max(first, end - n), end):
+                    block = max(rec_a, int(s * token_scale)) // bs
+                    want.append(space.token(sp.ns_blocks, h[block], s) if block < len(h)
+                                else space.token(sp.ns_unique, -1 - k, s))
+                assert sp.content(k, rec_a, rec_b, n) == want

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 from typing import Sequence as Seq
 
+from everybyte.engine import decode_run
 from everybyte.engine.outputs import RequestOutput
 from everybyte.engine.scheduler import Scheduler, SchedulerOutput
 from everybyte.engine.sequence import Sequence
@@ -136,6 +137,20 @@ class EngineCore:
                 del self.requests[req.seq.request_id]
                 self.executor.release(req.seq.request_id)
         return outputs
+
+    def plan_decode(self, until: float = float("inf"), max_steps: int = 512) -> decode_run.DecodeRun | None:
+        """The next steps as one multi-step decode run (engine/decode_run), or None when the batch
+        may change at the next step or the executor cannot price steps ahead. Nothing changes
+        until advance_decode; the caller applies the run's steps that start before any outside
+        event (add, abort, park, resume, a tier load finishing: `until` must be at or before the
+        next load's deadline) and plans again after it."""
+        if not all(type(r.stop) is _NoText for r in self.requests.values()):
+            return None
+        return decode_run.plan(self, until, max_steps)
+
+    def advance_decode(self, run: decode_run.DecodeRun, steps: int) -> None:
+        """Apply the next `steps` steps of a planned run: the effects of as many step() calls."""
+        decode_run.apply(self, run, steps)
 
     def _account_prefill(self, sched: SchedulerOutput, seconds: float) -> None:
         prefill = sum(max(min(n, s.num_prompt_tokens - s.num_computed_tokens), 0)

@@ -117,14 +117,19 @@ def chain_block_ids(namespace: KVNamespace, token_ids: Sequence[int], block_size
     if start_block > 0 and parent is None:
         raise ValueError("start_block > 0 needs the parent name of block start_block-1")
     names: list[bytes] = []
-    base, pack = _block_hasher(namespace), struct.Struct(f"<{bs}q").pack
+    base = _block_hasher(namespace)
     name = ROOT_PARENT if parent is None else parent
     if len(name) != NAME_BYTES:
         raise ValueError(f"parent name must be {NAME_BYTES} bytes, got {len(name)}")
-    for i in range(start_block, len(token_ids) // bs):
+    end = len(token_ids) // bs
+    if end <= start_block:
+        return names
+    packed = memoryview(pack_tokens(token_ids[start_block * bs:end * bs]))   # one pack; a block is 8 * bs bytes
+    step = 8 * bs
+    for off in range(0, len(packed), step):
         h = base.copy()                     # block_id's bytes, without re-hashing the fixed prefix
         h.update(name)
-        h.update(pack(*token_ids[i * bs:(i + 1) * bs]))
+        h.update(packed[off:off + step])
         name = h.digest()
         names.append(name)
     return names

@@ -101,13 +101,16 @@ class ParkedFirst(EvictionPolicy):
         self._tick = count()
 
     def set_parked(self, block_id: int, expected_return: float | None) -> None:
-        rank = park_rank(expected_return)
-        was_evictable = block_id in self
-        if was_evictable:
-            self.remove(block_id)
-        self._parked[block_id] = rank
-        if was_evictable:
-            self.insert(block_id)
+        # remove, re-rank, insert again when evictable (a session parks all its blocks: kept lean)
+        if block_id in self._evictable_parked:
+            del self._evictable_parked[block_id]       # its heap entry goes stale
+        elif block_id in self.inner:
+            self.inner.remove(block_id)
+        else:
+            self._parked[block_id] = park_rank(expected_return)
+            return
+        self._parked[block_id] = park_rank(expected_return)
+        self.insert(block_id)
 
     def unpark(self, block_id: int) -> None:
         if self._parked.pop(block_id, None) is not None and block_id in self._evictable_parked:

@@ -13,6 +13,7 @@ the first tier as one buffer.
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Callable
 
 from everybyte.kv.block_id import KVNamespace, chain_block_ids
@@ -21,6 +22,7 @@ from everybyte.kv.clock import SYSTEM, Clock
 from everybyte.kv.events import EventLog, KVEvent
 from everybyte.kv.ledger import ByteLedger, waste_bytes
 from everybyte.kv.mover import KVMover, PoolGeometry, pool_mover
+from everybyte.kv.name_memo import NameMemo
 from everybyte.kv.prefix_cache import PrefixCache
 from everybyte.kv.seq_state import KVSequence, PendingLoad, SeqKV
 from everybyte.kv.session_ops import SessionOps
@@ -32,8 +34,11 @@ class KVMemoryManager(SessionOps, BlockManager[KVSequence]):
     def __init__(self, pool: PoolGeometry, namespace: KVNamespace, tiers: TierSet | None = None,
                  ledger: ByteLedger | None = None, offload_on_park: bool = True, load_timeout_s: float = 10.0,
                  restart_blocks: int = 1, max_sessions: int = 10000, session_idle_s: float = 3600.0,
-                 clock: Clock = SYSTEM, mover: KVMover | None = None) -> None:
-        """mover: the KV data plane (default the real one for a KVPool: codec + block loader)."""
+                 clock: Clock = SYSTEM, mover: KVMover | None = None, name_memo_sessions: int = 0) -> None:
+        """mover: the KV data plane (default the real one for a KVPool: codec + block loader).
+        name_memo_sessions: keep the tokens and block names of this many sessions' last contexts,
+        so a session's next turn names only its new blocks (names are a pure function of the
+        tokens: a memo entry is checked token by token, never trusted)."""
         super().__init__(pool.num_blocks, pool.block_size)
         self.restart_blocks = restart_blocks      # a reusing sequence computes from a multiple of this
         self.pool, self.ns = pool, namespace
@@ -50,6 +55,7 @@ class KVMemoryManager(SessionOps, BlockManager[KVSequence]):
         self.mover = mover or pool_mover(pool, self.tiers, load_timeout_s, clock)
         self._loaded_from: dict[int, str] = {}        # G1 block -> tier a job loaded it from, until reused
         self._evicting: list[tuple[int, bytes]] = []  # evicted blocks to write down in one batch
+        self.names_memo = NameMemo(name_memo_sessions)
 
     # ---- BlockManager interface ---------------------------------------------------------------
     @property
@@ -73,6 +79,8 @@ class KVMemoryManager(SessionOps, BlockManager[KVSequence]):
 
     def names_of(self, seq: KVSequence) -> list[bytes]:
         known = self._state(seq).names
+        if not known and seq.session_id is not None:
+            known += self.names_memo.prefix(seq.session_id, seq.cache_salt, seq.token_ids, self.block_size)
         if (len(seq) // self.block_size) > len(known):
             ns = self.ns.with_tenant(seq.cache_salt) if seq.cache_salt else self.ns
             known += chain_block_ids(ns, seq.token_ids, self.block_size, parent=known[-1] if known else None,
@@ -86,7 +94,8 @@ class KVMemoryManager(SessionOps, BlockManager[KVSequence]):
     def can_allocate(self, seq: KVSequence) -> bool:
         names = self._reusable(seq)
         hits = self.cache.lookup(names)
-        held = sum(self.cache.ref_count(b) == 0 for b in hits)   # evictable now, pinned once reused
+        ref = self.cache.ref
+        held = [ref[b] for b in hits].count(0)                    # evictable now, pinned once reused
         loading = len(self.mover.in_flight(names[len(hits):]))
         return self.blocks_for(len(seq)) - len(hits) - loading <= self.num_free_blocks - held
 
@@ -134,9 +143,7 @@ class KVMemoryManager(SessionOps, BlockManager[KVSequence]):
         self.query_tokens += len(seq)
         self.hit_tokens += seq.num_computed_tokens
         st.committed = ready
-        reused: dict[str, int] = {}
-        for level in levels[:keep]:
-            reused[level] = reused.get(level, 0) + self.block_size
+        reused = {level: n * self.block_size for level, n in Counter(levels[:keep]).items()}
         self.ledger.record_prefill(0, reused)
 
     # ---- loads in flight ---------------------------------------------------------------------
@@ -202,6 +209,8 @@ class KVMemoryManager(SessionOps, BlockManager[KVSequence]):
         self._state(seq).load = None            # its jobs run on; they hold their own references
         self._commit(seq)
         sid = seq.session_id
+        if sid is not None:
+            self.names_memo.keep(sid, seq.cache_salt, seq.token_ids, self._state(seq).names, self.block_size)
         if sid is not None and sid in self.sessions:
             n = seq.num_computed_tokens // self.block_size
             self.sessions.record_context(sid, seq.num_computed_tokens, self.names_of(seq)[:n])
@@ -217,10 +226,11 @@ class KVMemoryManager(SessionOps, BlockManager[KVSequence]):
         full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
         if full <= done:
             return
-        names = self.names_of(seq)
-        new = [i for i in range(done, full)
-               if self.cache.commit(seq.block_table[i], names[i], seq.session_id, **self._origin(seq, i))
-               == seq.block_table[i]]
+        names, table, commit, sid = self.names_of(seq), seq.block_table, self.cache.commit, seq.session_id
+        if self.cache.on_event is None:       # the origin only goes into BlockStored events
+            new = [i for i in range(done, full) if commit(table[i], names[i], sid) == table[i]]
+        else:
+            new = [i for i in range(done, full) if commit(table[i], names[i], sid, **self._origin(seq, i)) == table[i]]
         if new and self.tiers.write_through:
             ids, new_names = [seq.block_table[i] for i in new], [names[i] for i in new]
             self.tiers.write_through_blocks(new_names, self.mover.store(ids, new_names))

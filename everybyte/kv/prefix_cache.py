@@ -104,9 +104,14 @@ class PrefixCache(PrefixSessions):
         self.stats["lookups"] += 1
         self.stats["lookup_blocks"] += len(names)
         self.stats["hit_blocks"] += len(hits)
-        for b in hits:
-            self._ref(b)
-            self._own(b, owner)
+        ref, remove, owners_of, own = self.ref, self.policy.remove, self.owners, self._own
+        for b in hits:                        # _ref and _own, inlined: every admission runs this per block
+            if ref[b] == 0:
+                remove(b)
+            ref[b] += 1
+            owners = owners_of.get(b)
+            if owners is None or (owner not in owners and SHARED not in owners):
+                own(b, owner)
         return hits
 
     def share(self, block_ids: Sequence[int]) -> None:
@@ -217,18 +222,19 @@ class PrefixCache(PrefixSessions):
     def free(self, block_ids: Sequence[int]) -> None:
         """Drop one reference on each block; pass a block table in order (its tail is freed first,
         so under LRU a sequence's last blocks go before its prefix)."""
+        ref, names, freed_at, insert = self.ref, self.names, self._freed_at, self.policy.insert
         for b in reversed(block_ids):
-            if self.ref[b] < 1:
+            if ref[b] < 1:
                 raise ValueError(f"block {b} freed more often than taken")
-            self.ref[b] -= 1
-            if self.ref[b] == 0:
-                if self.names[b] is None:
+            ref[b] -= 1
+            if ref[b] == 0:
+                if names[b] is None:
                     self._forget(b)
                     self.empty.append(b)
                 else:
                     self._tick += 1
-                    self._freed_at[b] = self._tick
-                    self.policy.insert(b)
+                    freed_at[b] = self._tick
+                    insert(b)
 
     def touch(self, block_ids: Iterable[int]) -> None:
         for b in block_ids:

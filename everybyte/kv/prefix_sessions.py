@@ -33,8 +33,6 @@ class PrefixSessions:
     parked: dict[Hashable, float | None]             # session -> expected return (None: unknown)
     _freed_at: list[int]                             # when each block was last freed (a tick)
 
-    _cached_name: Callable[[int], bytes]   # the host class's
-
     _forget: Callable[[int], bytes | None]   # the host class's
 
     def _own(self, block_id: int, owner: Hashable) -> None:
@@ -50,6 +48,27 @@ class PrefixSessions:
             self._reclass(block_id)
         else:
             self.policy.unpark(block_id)
+
+    def _named(self, blocks: list[int]) -> list[tuple[int, bytes]]:
+        """(id, name) of blocks that must have names (a session's blocks)."""
+        names = self.names
+        out = [(b, names[b]) for b in blocks]
+        assert all(name is not None for _, name in out), "a session block has no name"
+        return out  # type: ignore[return-value]
+
+    def _reclass_all(self, blocks: list[int]) -> None:
+        """_reclass over many blocks, the private ones (a single owner) inlined."""
+        owners_of, parked, set_parked, unpark = self.owners, self.parked, self.policy.set_parked, self.policy.unpark
+        for b in blocks:
+            owners = owners_of.get(b, ())
+            if len(owners) != 1:
+                self._reclass(b)
+                continue
+            (o,) = owners
+            if o in parked:
+                set_parked(b, park_rank(parked[o]))
+            else:
+                unpark(b)
 
     def _reclass(self, block_id: int) -> None:
         """Parked class iff every owner is a parked session; rank = the earliest expected return."""
@@ -77,9 +96,8 @@ class PrefixSessions:
             raise ValueError(f"cannot park session id {session_id!r}")
         self.parked[session_id] = expected_return
         blocks = self._session_order(session_id)
-        for b in blocks:
-            self._reclass(b)
-        return [(b, self._cached_name(b)) for b in blocks]
+        self._reclass_all(blocks)
+        return self._named(blocks)
 
     def unpark(self, session_id: Hashable) -> list[tuple[int, bytes]]:
         """The session is back; its blocks return to ordinary order. Returns the device blocks it
@@ -89,9 +107,8 @@ class PrefixSessions:
             return []
         del self.parked[session_id]
         blocks = self._session_order(session_id)
-        for b in blocks:
-            self._reclass(b)
-        return [(b, self._cached_name(b)) for b in blocks]
+        self._reclass_all(blocks)
+        return self._named(blocks)
 
     def drop(self, session_id: Hashable, keep: Callable[[bytes], bool] | None = None) -> list[bytes]:
         """Forget the session: blocks only it used, nobody holds and `keep(name)` does not claim

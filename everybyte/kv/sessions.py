@@ -77,8 +77,12 @@ class SessionTable:
     def record_context(self, session_id: str, num_tokens: int, names: list[bytes]) -> None:
         s = self.sessions.get(session_id)
         if s is not None:
-            self.refs.update(names)
-            self._release(s.names)
+            old = s.names
+            if names[:len(old)] == old:           # the context grew: only the new names gain a holder
+                self.refs.update(names[len(old):])
+            else:
+                self.refs.update(names)
+                self._release(old)
             s.num_tokens, s.names = num_tokens, list(names)
 
     def pop(self, session_id: str) -> Session:

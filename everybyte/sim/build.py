@@ -56,8 +56,8 @@ def build(cfg: SimConfig, calibration: StepFit | None = None,
                       max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
                       max_model_len=model.max_len)
     shared = shared_tiers(pool) if shared_tiers else []
-    workers = [SimWorker(i, spec, lambda clock: CostExecutor(clock, cost.batch_seconds), cost.transfer_seconds,
-                         shared_tiers=shared) for i in range(cfg.workers)]
+    workers = [SimWorker(i, spec, lambda clock: CostExecutor(clock, cost.batch_seconds, decode=cost),
+                         cost.transfer_seconds, shared_tiers=shared) for i in range(cfg.workers)]
     info = {"cost_model": cost.describe(), "model": model.describe(cfg.weights_format, cfg.kv_format),
             "hardware": hw.describe(), "workers": cfg.workers,
             "kv_pool_per_worker": {"budget_bytes": pool.budget_bytes, "num_blocks": pool.num_blocks,

@@ -74,6 +74,8 @@ def run_parser() -> argparse.ArgumentParser:
                    help="a pod flash tier (G3.5, CMX-like) shared by every worker; BYTES or the catalog's 1 PB")
     r.add_argument("--no-park", action="store_true", help="do not park sessions during tool gaps")
     r.add_argument("--park-min-gap", type=float, default=0.5)
+    r.add_argument("--no-multi-step", action="store_true", help="step every decode token (the same decisions, "
+                   "slower: for checking multi-step decode)")
     r.add_argument("--rate", type=float, default=None, help="sessions/s (default: the recorded arrivals)")
     r.add_argument("--max-requests", type=int, default=None)
     r.add_argument("--calibration", default=None, help="step times from a `sim calibrate` fit instead of "
@@ -118,7 +120,8 @@ def run_sim(args, cfg: SimConfig) -> dict:
     low, high = (int(x) for x in args.vocab_range.split(","))
     runner = Runner(trace, scaling, TokenSpace(low, high), workers,
                     RunConfig(park=not args.no_park, park_min_gap_s=args.park_min_gap,
-                              max_requests=args.max_requests, rate=args.rate),
+                              max_requests=args.max_requests, rate=args.rate,
+                              multi_step=not args.no_multi_step),
                     fleet.route, cost.weight_bytes(), fleet.disagg)
     summary = runner.run()
     summary["fleet"] = fleet_summary(fleet, runner.turns, cost.weight_bytes())

@@ -120,11 +120,24 @@ class CostModel:
             attended += n * c + n * (n + 1) // 2          # token i of the chunk sees c + i + 1 positions
             if self.token_weight != 1:
                 prefill += max(min(n, s.num_prompt_tokens - c), 0)
-        if self.calibration is not None:
-            shape = {"tokens": tokens, "attended": attended, "seqs": len(seqs)}
+        self.count_shape(tokens, attended, len(seqs))
+        return self._seconds(tokens, attended, len(seqs), prefill)
+
+    def decode_seconds(self, num_seqs: int, attended: int) -> float:
+        """batch_seconds of a pure decode batch (one token each, `attended` context in all), without
+        counting its shape (count_shape does, when the step runs)."""
+        return self._seconds(num_seqs, attended, num_seqs, 0)
+
+    def count_shape(self, tokens: int, attended: int, seqs: int) -> None:
+        """Count a step outside the calibrated shapes (when calibrated)."""
+        if self._limits:
+            shape = {"tokens": tokens, "attended": attended, "seqs": seqs}
             if any(not lo <= shape[key] <= hi for key, lo, hi in self._limits):
                 self.outside_range += 1
-            return self.calibration.seconds(tokens, attended, len(seqs))
+
+    def _seconds(self, tokens: int, attended: int, seqs: int, prefill: int) -> float:
+        if self.calibration is not None:
+            return self.calibration.seconds(tokens, attended, seqs)
         w = self.token_weight
         return self.step_seconds(tokens + prefill * (w - 1), attended, tokens)
 

@@ -4,7 +4,7 @@ output lengths come from max_tokens + ignore_eos). RecordedExecutor replays a re
 times and tokens instead (the decision-equivalence test)."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Protocol
 
 from everybyte.engine.core import StepResult
 from everybyte.kv.clock import VirtualClock
@@ -18,12 +18,46 @@ def placeholder_token(position: int) -> int:
     return TOKEN_LOW + (position * 2654435761) % TOKEN_SPAN
 
 
+class DecodePricing(Protocol):
+    """What multi-step decode asks of a cost model (CostModel is one)."""
+
+    def decode_seconds(self, num_seqs: int, attended: int) -> float: ...
+
+    def count_shape(self, tokens: int, attended: int, seqs: int) -> None: ...
+
+
 class CostExecutor:
     def __init__(self, clock: VirtualClock, batch_seconds: Callable[[list, list[int]], float],
-                 token: Callable[[int], int] = placeholder_token, record_releases: bool = False):
+                 token: Callable[[int], int] = placeholder_token, record_releases: bool = False,
+                 decode: DecodePricing | None = None):
+        """decode: prices decode steps ahead, so EngineCore can run several at once (engine/decode_run)."""
         self.clock, self.batch_seconds, self.token = clock, batch_seconds, token
         self.steps, self.busy_s, self.tokens = 0, 0.0, 0
         self.released: list[str] | None = [] if record_releases else None
+        self.decode = decode
+
+    # ---- multi-step decode (engine/decode_run.DecodeExecutor) ---------------------------------
+    def decode_costs(self, seqs, steps: int) -> list[float] | None:
+        if self.decode is None:
+            return None
+        n, attended, price = len(seqs), sum(s.num_computed_tokens + 1 for s in seqs), self.decode.decode_seconds
+        return [price(n, attended + n * j) for j in range(steps)]
+
+    def decode_tokens(self, seq, n: int) -> list[int]:
+        start, token = len(seq.token_ids), self.token
+        return [token(p) for p in range(start, start + n)]
+
+    def advance_decode(self, num_seqs: int, attended: int, costs: list[float]) -> None:
+        clock, count = self.clock, self.decode.count_shape if self.decode is not None else None
+        busy = self.busy_s
+        for j, c in enumerate(costs):
+            if count is not None:
+                count(num_seqs, attended + num_seqs * j, num_seqs)
+            clock.advance(c)
+            busy += c
+        self.busy_s = busy
+        self.steps += len(costs)
+        self.tokens += num_seqs * len(costs)
 
     def execute(self, seqs, num_new_tokens) -> StepResult:
         cost = self.batch_seconds(seqs, num_new_tokens)

@@ -74,6 +74,7 @@ class FleetRouter:
                 seq = sched.seqs[i]
                 if seq.num_completion_tokens == 0 and (plan := self.plans.get(seq.request_id)) is not None:
                     self.decider.prefilled(plan)
+        observe.every_step = False                  # type: ignore[attr-defined]  # a decode run has no first token
         return observe
 
     def _finished(self, seq) -> None:

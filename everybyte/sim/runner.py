@@ -6,6 +6,15 @@ parked during the gap and is resumed now, as the bench does with --park) and a w
 step. Each worker steps on its own virtual clock, which never runs ahead of the event being
 handled; when a worker has nothing to compute until a load or an arrival, no step is taken and
 time jumps to that event. route(request) -> worker index chooses the worker for each turn.
+
+Multi-step decode (RunConfig.multi_step): after a step, a worker whose batch cannot change until
+something outside it happens plans its next decode steps as one run (EngineCore.plan_decode)
+and is next woken at the run's end. An arrival (it routes, adds a request, resumes a parked
+session) or a `later` call (a disaggregated turn's decode starting) is an outside event: before
+one is handled, every worker applies the steps of
+its run that start before it, and the workers it touches drop the rest and step again where
+they would have. At equal times arrivals go before calls, calls before steps, and steps in worker order, so both
+ways make the same decisions at the same times.
 """
 from __future__ import annotations
 
@@ -14,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from everybyte.engine.decode_run import DecodeRun
 from everybyte.engine.sampling_params import SamplingParams
 from everybyte.engine.sequence import Sequence
 from everybyte.sim.metrics import TurnRecord, summarize
@@ -22,7 +32,7 @@ from everybyte.traces.model import Session, Trace
 from everybyte.traces.scaling import Scaling
 from everybyte.traces.tokens import SessionPrompts, TokenSpace
 
-ARRIVE, STEP, CALL = 0, 1, 2
+ARRIVE, CALL, STEP = 0, 1, 2      # at equal times: arrivals, then calls, then steps
 
 
 @dataclass
@@ -82,6 +92,7 @@ class RunConfig:
     max_requests: int | None = None
     rate: float | None = None                  # sessions/s; None: the recorded arrivals x arrival_scale
     run_marker: str = "sim"
+    multi_step: bool = True                    # jump over decode steps that cannot change the batch
 
 
 class Runner:
@@ -95,7 +106,7 @@ class Runner:
         self.dispatch = dispatch
         self.side: dict[str, Callable] = {}       # request id -> what to do when a non-turn request finishes
         self.weights_bytes = weights_bytes
-        self.events: list[tuple[float, int, int, object]] = []
+        self.events: list[tuple[float, int, int, int, object]] = []   # (time, kind, tie, n, what)
         self.n_events = 0
         self.now = 0.0
         self.sent = 0
@@ -103,16 +114,31 @@ class Runner:
         self.skipped: dict[str, int] = {}
         self.rejected: list[str] = []
         self.live: dict[str, tuple[SessionState, int, int]] = {}      # request id -> (state, turn, worker)
+        self.step_event: dict[int, int] = {}                 # worker index -> its one live step event
+        self.runs: dict[int, tuple[SimWorker, DecodeRun]] = {}   # worker index -> its planned decode run
 
     # ---- events ---------------------------------------------------------------------------------
-    def _push(self, t: float, kind: int, what: object) -> None:
+    def _push(self, t: float, kind: int, what: object, tie: int | None = None) -> int:
         self.n_events += 1
-        heapq.heappush(self.events, (t, self.n_events, kind, what))
+        heapq.heappush(self.events, (t, kind, self.n_events if tie is None else tie, self.n_events, what))
+        return self.n_events
 
-    def _wake(self, w: SimWorker, t: float) -> None:
-        if not w.scheduled:
+    def _wake(self, w: SimWorker, t: float, replace: bool = False) -> None:
+        if replace or not w.scheduled:
             w.scheduled = True
-            self._push(max(t, w.clock.now), STEP, w)
+            self.step_event[w.index] = self._push(max(t, w.clock.now), STEP, w, w.index)
+
+    def _catch_up(self, t: float) -> None:
+        """Every planned run's steps that start before t happen now (an arrival at t is next)."""
+        for w, run in self.runs.values():
+            if run.times[run.done] < t:       # its next step starts before t
+                w.core.advance_decode(run, run.steps_before(t) - run.done)
+
+    def _stop_run(self, w: SimWorker) -> None:
+        """Something outside changes the worker now: the rest of its run is dropped; it steps next
+        where it would have (its clock: the end of the last step applied)."""
+        if self.runs.pop(w.index, None) is not None:
+            self._wake(w, w.clock.now, replace=True)
 
     def run(self) -> dict:
         t_arrival = 0.0
@@ -125,20 +151,26 @@ class Runner:
             st = SessionState(s, prompts, s.id)
             st.last_use = {t.parent: k for k, t in enumerate(s.turns) if t.parent is not None}
             self._push(t_arrival, ARRIVE, st)
-        wall0 = time.perf_counter()
+        wall0, cpu0 = time.perf_counter(), time.process_time()
         while self.events:
-            t, _, kind, what = heapq.heappop(self.events)
+            t, kind, _, n, what = heapq.heappop(self.events)
             self.now = t
             if kind == ARRIVE:
+                if self.runs:
+                    self._catch_up(t)
                 self._arrive(what)                                  # type: ignore[arg-type]
-            elif kind == STEP:
-                self._step(what)                                    # type: ignore[arg-type]
-            else:
+            elif kind == CALL:                                     # an outside event, as an arrival is
+                if self.runs:
+                    self._catch_up(t)
                 what()                                              # type: ignore[operator]
-        wall = time.perf_counter() - wall0
+            elif self.step_event.get(what.index) == n:             # type: ignore[attr-defined]
+                self._step(what)                                    # type: ignore[arg-type]
+        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
         stuck = sum(len(w.core.requests) for w in self.workers)
-        return summarize(self.turns, self.workers, wall, self.n_events, self.skipped, self.rejected, stuck,
-                         self.weights_bytes)
+        out = summarize(self.turns, self.workers, wall, self.n_events, self.skipped, self.rejected, stuck,
+                        self.weights_bytes)
+        out["cpu_s"] = cpu                 # the event loop's processor time: steadier than wall on a shared host
+        return out
 
     # ---- a turn arrives ---------------------------------------------------------------------------
     def _skip(self, why: str, n: int) -> None:
@@ -155,6 +187,7 @@ class Runner:
         if st.parked is not None:
             psid, pw = st.parked
             st.parked = None
+            self._stop_run(self.workers[pw])
             self.workers[pw].core.resume(psid)
         ids = st.prompts.prompt(k, st.outputs)
         n_out = self.scaling.output_len(turn)
@@ -171,6 +204,7 @@ class Runner:
 
     def _on(self, wi: int) -> SimWorker:
         w = self.workers[wi]
+        self._stop_run(w)
         if w.clock.now < self.now:
             w.clock.advance(self.now - w.clock.now)
         return w
@@ -200,11 +234,14 @@ class Runner:
         self._wake(w, self.now)
 
     def later(self, t: float, fn: Callable[[], None]) -> None:
+        """fn() at time t, an outside event: the workers it adds to stop their runs (submit, add_side)."""
         self._push(t, CALL, fn)
 
     # ---- a worker steps ---------------------------------------------------------------------------
     def _step(self, w: SimWorker) -> None:
         w.scheduled = False
+        if (planned := self.runs.pop(w.index, None)) is not None:
+            w.core.advance_decode(planned[1], planned[1].steps)      # its end is now
         if w.clock.now < self.now:
             w.clock.advance(self.now - w.clock.now)
         w.mover.horizon = self.events[0][0] if self.events else float("inf")
@@ -215,10 +252,18 @@ class Runner:
         if not (w.core.has_unfinished_requests() or w.mover.jobs):
             return
         if w.clock.now > before:
-            self._wake(w, w.clock.now)
+            run = self._plan(w) if self.cfg.multi_step else None
+            self._wake(w, w.clock.now if run is None else run.end)
         elif w.mover.jobs:
             self._wake(w, max(w.mover.next_deadline() or w.clock.now, w.clock.now))
         # else: waiting requests that cannot be admitted until something on this worker changes
+
+    def _plan(self, w: SimWorker) -> DecodeRun | None:
+        plan, deadline = getattr(w.core, "plan_decode", None), w.mover.next_deadline()
+        run = plan(float("inf") if deadline is None else deadline) if plan is not None else None
+        if run is not None:
+            self.runs[w.index] = (w, run)
+        return run
 
     def _finished(self, out, w: SimWorker) -> None:
         then = self.side.pop(out.request_id, None)

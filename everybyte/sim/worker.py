@@ -53,6 +53,7 @@ class WorkerSpec:
     max_model_len: int = 8192
     offload_on_park: bool = True
     restart_blocks: int = 1                  # the real engine's exact-tail span in blocks (nvfp4/fp8 KV)
+    name_memo_sessions: int = 128            # sessions whose last context's block names a next turn reuses
 
 
 class SimWorker:
@@ -68,7 +69,7 @@ class SimWorker:
         ns = KVNamespace(spec.model_id, kv_format=spec.kv_format, block_size=pool.block_size)
         self.memory = KVMemoryManager(pool, ns, tiers, offload_on_park=spec.offload_on_park, clock=self.clock,
                                       restart_blocks=spec.restart_blocks,
-                                      mover=self.mover)
+                                      mover=self.mover, name_memo_sessions=spec.name_memo_sessions)
         self.executor: Executor = executor_for(self.clock)
         sched = Scheduler(self.memory, spec.max_num_seqs, spec.max_num_batched_tokens, spec.max_model_len, self.clock)
         self.core = EngineCore(sched, self.executor, self.clock, eos, spec.max_model_len)

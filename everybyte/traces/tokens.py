@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import hashlib
 
+import numpy as np
+
 from everybyte.traces.model import Session
 from everybyte.traces.scaling import Scaling
 
@@ -31,6 +33,17 @@ def _mix(x: int) -> int:                      # splitmix64 finalizer
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
     return x ^ (x >> 31)
+
+
+_U_A = np.uint64(_A)
+_C = [np.uint64(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB, 30, 27, 31)]
+
+
+def _mix_u64(x: np.ndarray) -> np.ndarray:    # _mix over a uint64 array (multiplication wraps mod 2**64)
+    x = x + _C[0]
+    x = (x ^ (x >> _C[3])) * _C[1]
+    x = (x ^ (x >> _C[4])) * _C[2]
+    return x ^ (x >> _C[5])
 
 
 class TokenSpace:
@@ -60,20 +73,25 @@ class SessionPrompts:
         self.spans: dict[int, list[tuple]] = {}    # (rec_start, rec_end, act_start, act_end, kind, turn)
 
     def content(self, k: int, rec_a: int, rec_b: int, n: int | None = None) -> list[int]:
-        """Tokens for recorded input positions [rec_a, rec_b) of turn k (only the last n if given)."""
+        """Tokens for recorded input positions [rec_a, rec_b) of turn k (only the last n if given):
+        TokenSpace.token over the positions, vectorized (splitmix64 in uint64 wraps like & _M64)."""
         turn, sc, bs = self.session.turns[k], self.scaling, self.session.block_size
-        h, out = turn.hash_ids, []
         first, end = sc.scaled_pos(rec_a), sc.scaled_pos(rec_b)
-        # TokenSpace.token inlined (the simulator's hot loop): same ids, fewer calls
-        low, span, scale, nh = self.space.low, self.space.high - self.space.low, sc.token_scale, len(h)
-        ns_b, ns_u, tail, mix = self.ns_blocks, self.ns_unique, (-1 - k) * _A, _mix
-        for s in range(first if n is None else max(first, end - n), end):
-            block = max(rec_a, int(s * scale)) // bs
-            if block < nh:
-                out.append(low + mix(ns_b ^ mix((h[block] * _A + s) & _M64)) % span)
-            else:
-                out.append(low + mix(ns_u ^ mix((tail + s) & _M64)) % span)
-        return out
+        start = first if n is None else max(first, end - n)
+        if end <= start:
+            return []
+        s = np.arange(start, end, dtype=np.int64)
+        block = np.maximum((s * sc.token_scale).astype(np.int64), rec_a) // bs    # int(s * scale)
+        h, u = turn.hash_ids, s.astype(np.uint64)
+        hashed = block < len(h)
+        if hashed.any():
+            ids = np.array([x & _M64 for x in h], dtype=np.uint64)[np.minimum(block, len(h) - 1)]
+            x = np.where(hashed, ids * _U_A + u, np.uint64(((-1 - k) * _A) & _M64) + u)
+        else:
+            x = np.uint64(((-1 - k) * _A) & _M64) + u
+        ns = np.where(hashed, np.uint64(self.ns_blocks), np.uint64(self.ns_unique))
+        span = np.uint64(self.space.high - self.space.low)
+        return (_mix_u64(ns ^ _mix_u64(x)) % span + np.uint64(self.space.low)).tolist()
 
     def filler(self, k: int, n: int) -> list[int]:
         """Stand-in ids for turn k's output when the server's own cannot be had."""

@@ -1,0 +1,45 @@
+"""Block names a session's next turn can reuse: the tokens and names of the last context of each
+of the most recently active sessions (bounded, least recent dropped). A new sequence of the
+session takes the names of its longest whole-block prefix equal, token for token, to that
+context; only the blocks after it are hashed. Names depend only on the tokens and the tenant
+salt, so a checked prefix is always right; the memo saves hashing, nothing else."""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Hashable
+
+
+class NameMemo:
+    def __init__(self, max_sessions: int = 0) -> None:
+        self.max_sessions = max_sessions
+        self.entries: OrderedDict[Hashable, tuple[str | None, list[int], list[bytes]]] = OrderedDict()
+        self.reused = 0                       # names taken from the memo instead of hashed
+
+    def keep(self, session: Hashable, salt: str | None, tokens: list[int], names: list[bytes],
+             block_size: int) -> None:
+        """The session's context now: `names` are the names of the first len(names) blocks of `tokens`."""
+        if not self.max_sessions or not names:
+            return
+        self.entries[session] = (salt, tokens[:len(names) * block_size], list(names))
+        self.entries.move_to_end(session)
+        if len(self.entries) > self.max_sessions:
+            self.entries.popitem(last=False)
+
+    def prefix(self, session: Hashable, salt: str | None, tokens: list[int], block_size: int) -> list[bytes]:
+        """Names of the longest whole-block prefix of `tokens` equal to the session's kept context."""
+        got = self.entries.get(session)
+        if got is None or got[0] != salt:
+            return []
+        _, kept, names = got
+        n = min(len(names), len(tokens) // block_size)
+        if tokens[:n * block_size] != kept[:n * block_size]:
+            lo, hi = 0, n - 1                 # the most blocks equal (a turn that keeps only a part)
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if tokens[:mid * block_size] == kept[:mid * block_size]:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            n = lo
+        self.reused += n
+        return names[:n]

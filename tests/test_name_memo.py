@@ -1,0 +1,59 @@
+"""kv/name_memo: a session's next turn takes the block names of its longest whole-block prefix
+equal to the session's last context, and hashes only the rest; the names are always those of
+chain_block_ids over the whole prompt (a diverging prompt, another tenant or another session
+reuse nothing wrong)."""
+from everybyte.engine.sampling_params import SamplingParams
+from everybyte.engine.sequence import Sequence
+from everybyte.kv.block_id import KVNamespace, chain_block_ids
+from everybyte.sim.worker import SimPool, SimWorker, WorkerSpec
+
+BS = 16
+NS = KVNamespace("sim-model", kv_format="nvfp4", block_size=BS)
+
+
+def _memory(memo_sessions: int):
+    spec = WorkerSpec(SimPool(64, BS, 8), kv_format="nvfp4", name_memo_sessions=memo_sessions)
+    return SimWorker(0, spec, lambda clock: None, lambda level, nbytes: 0.0).memory
+
+
+def _seq(tokens, sid, salt=None):
+    s = Sequence(tokens, SamplingParams(max_tokens=4, ignore_eos=True), arrival_time=0.0)
+    s.session_id, s.cache_salt = sid, salt
+    return s
+
+
+def _turn(mm, tokens, sid, salt=None):
+    seq = _seq(tokens, sid, salt)
+    mm.allocate(seq)
+    seq.num_computed_tokens = len(seq)
+    names = list(mm.names_of(seq))
+    mm.deallocate(seq)
+    ns = NS.with_tenant(salt) if salt else NS
+    assert names == chain_block_ids(ns, tokens, BS)         # never a wrong name
+    return names
+
+
+def test_next_turn_names_only_its_new_blocks():
+    mm = _memory(2)
+    first = list(range(1000, 1000 + 5 * BS + 3))
+    _turn(mm, first, "a")
+    assert mm.names_memo.reused == 0
+    _turn(mm, first + list(range(5000, 5000 + 2 * BS)), "a")             # extends: 5 blocks reused
+    assert mm.names_memo.reused == 5
+    diverged = first[:2 * BS + 5] + [9] * (3 * BS)                        # equal for 2 blocks, then not
+    _turn(mm, diverged, "a")
+    assert mm.names_memo.reused == 5 + 2
+    _turn(mm, diverged, "a", salt="tenant-b")                              # another tenant: nothing reused
+    _turn(mm, diverged, "other")                                           # another session: nothing either
+    assert mm.names_memo.reused == 7
+
+
+def test_the_memo_is_bounded_and_off_when_not_asked():
+    mm = _memory(2)
+    for sid in ("a", "b", "c"):
+        _turn(mm, list(range(100, 100 + 2 * BS)), sid)
+    assert list(mm.names_memo.entries) == ["b", "c"]
+    off = _memory(0)
+    _turn(off, list(range(100, 100 + 2 * BS)), "a")
+    _turn(off, list(range(100, 100 + 3 * BS)), "a")
+    assert off.names_memo.reused == 0 and not off.names_memo.entries

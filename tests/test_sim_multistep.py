@@ -1,0 +1,107 @@
+"""Multi-step decode (engine/decode_run, issue #20 item 5): the simulator jumping over decode steps
+makes exactly the decisions of stepping every token. The same trace runs twice, runs on and
+off, on budgets small enough for preemptions, evictions, parked sessions and host-tier loads;
+every turn's times, cached tokens and preemptions and the workers' counters must agree."""
+import math
+
+import pytest
+
+from everybyte.engine.sampling_params import SamplingParams
+from everybyte.engine.sequence import Sequence
+from everybyte.sim.build import SimConfig, build
+from everybyte.sim.runner import ROUTES, RunConfig, Runner
+from everybyte.traces import load_trace
+from everybyte.traces.scaling import Scaling
+from everybyte.traces.tokens import TokenSpace
+
+TRACE = "synthetic:sessions=60,turns=3,gap_s=0.3,arrival_s=0.0001,seed=5,system_tokens=16,first_tokens=24," \
+        "append_tokens=16,output_tokens=60,sigma=0.3"
+
+
+def _replay(multi_step: bool, route: str = "sticky", kv: str = "4MiB", host: str | None = "64MiB",
+            trace: str = TRACE) -> dict:
+    cfg = SimConfig(workers=3, kv_format="nvfp4", kv_cache=kv, host_tier=host, max_num_seqs=16,
+                    max_num_batched_tokens=256)
+    cost, workers, _ = build(cfg)
+    tr = load_trace(trace)
+    scaling = Scaling.defaults(tr.format, cost.model.max_len, gap_scale=1.0, max_gap_s=2.0)
+    runner = Runner(tr, scaling, TokenSpace(), workers, RunConfig(park=True, park_min_gap_s=0.1,
+                                                                     multi_step=multi_step),
+                    ROUTES[route](len(workers)), cost.weight_bytes())
+    summary = runner.run()
+    return {"summary": summary, "turns": sorted(runner.turns, key=lambda t: (t.session, t.turn))}
+
+
+def _same(a: float, b: float) -> bool:
+    return a == b or math.isclose(a, b, rel_tol=1e-9)
+
+
+def _compare(on: dict, off: dict) -> None:
+    assert len(on["turns"]) == len(off["turns"]) > 0
+    for x, y in zip(on["turns"], off["turns"]):
+        assert (x.session, x.turn, x.prompt_tokens, x.output_tokens, x.cached_tokens, x.preemptions, x.worker) == \
+               (y.session, y.turn, y.prompt_tokens, y.output_tokens, y.cached_tokens, y.preemptions, y.worker)
+        for f in ("arrival", "first_token", "finished"):
+            assert _same(getattr(x, f), getattr(y, f)), (x, y, f)
+    a, b = dict(on["summary"]), dict(off["summary"])
+    assert a["events"] < b["events"]                   # it did jump: fewer events for the same steps
+    for key in ("wall_s", "sim_requests_per_wall_s", "cpu_s", "events"):
+        a.pop(key), b.pop(key)
+    assert a == b
+
+
+@pytest.mark.parametrize("route", ["sticky", "round-robin"])
+def test_multi_step_decode_makes_the_same_decisions(route):
+    on, off = _replay(True, route), _replay(False, route)
+    s = off["summary"]
+    # the budgets make the interesting things happen
+    assert s["blocks"]["parked"] > 0 and s["blocks"]["loaded"] > 0
+    assert s["blocks"]["evicted"] > 0 and s["prefill_tokens"]["reused"] > 0
+    _compare(on, off)
+
+
+def test_multi_step_without_a_host_tier():
+    on, off = _replay(True, host=None), _replay(False, host=None)
+    assert off["summary"]["preemptions"] > 0 and off["summary"]["blocks"]["evicted"] > 0
+    _compare(on, off)
+
+
+def _core_pair():
+    cost, workers, _ = build(SimConfig(workers=2, kv_format="nvfp4", kv_cache="4MiB", max_num_seqs=4))
+    return workers
+
+
+def test_a_run_stops_before_a_finish_and_applies_like_single_steps():
+    a, b = _core_pair()
+    for w in (a, b):
+        for i, n in enumerate((9, 40, 23)):
+            seq = Sequence([1000 + 7 * i + j for j in range(30 + 11 * i)],
+                           SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True), f"r{i}", arrival_time=0.0)
+            w.core.add(seq)
+        w.core.step()                                   # the prefill (and first tokens)
+    run = a.core.plan_decode()
+    assert run is not None and run.steps == 9 - 1 - 1   # r0 finishes at its 9th token: the run stops before
+    a.core.advance_decode(run, 3)                       # applied in two parts, as an arrival splits it
+    a.core.advance_decode(run, run.steps)
+    for _ in range(run.steps):
+        assert not [o for o in b.core.step() if o.finished]
+    assert a.clock.now == b.clock.now
+    for ra, rb in zip(a.core.scheduler.running, b.core.scheduler.running):
+        assert ra.token_ids == rb.token_ids and ra.block_table == rb.block_table
+        assert ra.num_computed_tokens == rb.num_computed_tokens and ra.metrics.token_times == rb.metrics.token_times
+    assert a.memory.cache.names == b.memory.cache.names
+    assert a.executor.steps == b.executor.steps and a.executor.busy_s == b.executor.busy_s
+    assert a.core.plan_decode() is None                 # r0's last token is next: a real step
+
+
+def test_no_run_with_a_stop_token_or_a_waiting_request():
+    a, _ = _core_pair()
+    seq = Sequence(list(range(1000, 1040)), SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True,
+                                                          stop_token_ids=[a.executor.token(42)]), "s", arrival_time=0.0)
+    a.core.add(seq)
+    a.core.step()
+    run = a.core.plan_decode()
+    assert run is not None and run.steps == 1           # position 41's token, then the stop token at 42
+    a.core.advance_decode(run, 1)
+    a.core.add(Sequence(list(range(2000, 2020)), SamplingParams(max_tokens=4, ignore_eos=True), "w", arrival_time=0.0))
+    assert a.core.plan_decode() is None                 # "w" waits: it may be admitted at the next step

@@ -84,6 +84,23 @@ def test_kv_policy_prefers_overlap_then_load_and_keeps_sessions():
     assert pol.choose(Request(40, 4, {"a": Overlap(9, 9, 9, 9)}, session_worker="b"), [a, b]).worker is a
 
 
+def test_a_new_session_leaves_a_worker_holding_far_more_kv():
+    pol = Policy("kv")
+    first, other = _worker("first"), _worker("other")
+    # 10 of 45 blocks (a system prompt) cached on the first worker: cost prefers it
+    req = Request(180, 4, {"first": Overlap(10, 10, 10, 10)}, new_session=True)
+    first.cached_blocks = 30                        # not far more than the other's plus a prompt
+    assert pol.choose(req, [first, other]).worker is first
+    first.cached_blocks = 100                       # every earlier session went there: spread
+    assert pol.choose(req, [first, other]).worker is other
+    other.cached_blocks = 60                        # balanced enough again
+    assert pol.choose(req, [first, other]).worker is first
+    # a turn of a known session is not moved by the balance rule
+    first.cached_blocks, other.cached_blocks = 100, 0
+    assert pol.choose(Request(180, 4, {"first": Overlap(40, 40, 40, 40)}, session_worker="first"),
+                      [first, other]).worker is first
+
+
 def test_kv_session_stays_where_its_kv_is_ready_first():
     pol = Policy("kv")
     home, idle = _worker("home", active=85), _worker("idle")

@@ -28,6 +28,9 @@ POLICIES = ("kv", "round-robin", "random", "least-loaded", "session")
 # A sessionless request's home needs more than this share of its prompt cached there (SGLang's
 # cache-aware router uses the same 0.5 as its cache_threshold for the best-match worker).
 HOME_MIN_MATCH = 0.5
+# A new session leaves cost's pick for the lightest worker when the pick holds more KV than this
+# times the lightest's plus the session's own prompt (SGLang's balance_rel/abs thresholds, in blocks).
+BALANCE_REL = 2.0
 
 
 @dataclass
@@ -104,11 +107,14 @@ class Policy:
         w, cost = candidates[i], best
         home = self._home(req, candidates)
         if home is None and req.new_session:
-            # a new session without a home goes where the least KV is held (SGLang's cache-aware
-            # router below its match threshold): its turns will stay there, so cost alone, which
-            # prefers the worker with a common prefix, would gather every session on one worker
-            i = min(range(n), key=lambda j: (candidates[j].cached_blocks + candidates[j].active_blocks, costs[j]))
-            w, cost = candidates[i], costs[i]
+            # a new session stays where its turns will follow: if cost picked a worker holding far
+            # more KV than the lightest (SGLang's balance thresholds), it goes to the lightest
+            # instead, or a prefix every session shares (a system prompt the first worker computed)
+            # would gather all of them on that worker, as cost alone does at light load
+            held = [c.cached_blocks + c.active_blocks for c in candidates]
+            if held[i] > BALANCE_REL * min(held) + req.blocks:
+                i = min(range(n), key=lambda j: (held[j], costs[j]))
+                w, cost = candidates[i], costs[i]
         elif home is not None and home != i and not candidates[home].full():
             # a session (or the only worker holding the deepest prefix) keeps it unless another has the KV sooner
             ready = [time_to_kv(req, c) for c in candidates]

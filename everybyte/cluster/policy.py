@@ -7,8 +7,8 @@ lowest cost wins. Extended: a prefix block in the worker's G2 or G3, or in the p
 (G3.5), costs its load time relative to prefill (the worker's /v1/kv/info speeds, defaults when it
 states none) instead of zero or a full recompute; and a request goes back to its home, the worker
 holding its session (without one: the one worker holding its deepest prefix when that covers
-more than half the prompt, e.g. a sub-agent forked from a session), unless another worker can have its KV sooner: the prefill it must do there
-plus the prefill the router has queued there (its in-flight requests' uncached blocks) against the
+more than half the prompt, e.g. a sub-agent forked from a session), unless another worker can
+have its KV sooner: the prefill it must do there plus the prefill the router has queued there (its in-flight requests' uncached blocks) against the
 same on every other worker. Dynamo's decode blocks do not count against the home: they are KV in
 use, not work ahead of the first token, and leaving the home recomputes the whole prefix (the
 agentic replay showed the cost term moving sessions off a worker whose only load was another
@@ -29,8 +29,9 @@ POLICIES = ("kv", "round-robin", "random", "least-loaded", "session")
 # cache-aware router uses the same 0.5 as its cache_threshold for the best-match worker).
 HOME_MIN_MATCH = 0.5
 # A new session leaves cost's pick for the lightest worker when the pick holds more KV than this
-# times the lightest's plus the session's own prompt (SGLang's balance_rel/abs thresholds, in blocks).
-BALANCE_REL = 2.0
+# times the lightest's plus the session's own prompt (SGLang's balance_rel/abs thresholds, in blocks;
+# 4 rather than 2: on the shared agent sessions 2 moved 5 sessions and 4 moved 2, as plain cost does).
+BALANCE_REL = 4.0
 
 
 @dataclass
@@ -108,7 +109,7 @@ class Policy:
         home = self._home(req, candidates)
         if home is None and req.new_session:
             # a new session stays where its turns will follow: if cost picked a worker holding far
-            # more KV than the lightest (SGLang's balance thresholds), it goes to the lightest
+            # more KV than the lightest (BALANCE_REL), it goes to the lightest
             # instead, or a prefix every session shares (a system prompt the first worker computed)
             # would gather all of them on that worker, as cost alone does at light load
             held = [c.cached_blocks + c.active_blocks for c in candidates]

@@ -47,7 +47,7 @@ def redis_server():
         if os.environ.get("CI"):
             pytest.fail("redis-server is not installed; .ci/run must install it")
         pytest.skip("redis-server not installed (.ci/run installs it)")
-    pytest.importorskip("redis")
+    pytest.importorskip("redis", reason="the redis client is a dependency of everybyte (pip install -e .)")
     srv = RedisServer().start()
     yield srv
     srv.stop()

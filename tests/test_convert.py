@@ -13,7 +13,7 @@ from everybyte import cli
 from everybyte.models.hf_export import export_hf
 from everybyte.models.loader import load_model
 
-transformers = pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers", reason="the parity reference; in the test extra")
 
 
 @pytest.fixture(scope="module")

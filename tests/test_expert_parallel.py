@@ -30,7 +30,7 @@ from everybyte.models.expert_moves import transfer_plan
 from everybyte.models.expert_placement import ExpertPlacement
 from everybyte.models.tokenizer import Tokenizer
 
-transformers = pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers", reason="the parity reference; in the test extra")
 
 EXPERTS = 8
 PROMPTS = [[257, 40, 41, 42, 43, 44], [257, 100, 7, 9, 250, 31, 77, 12, 5], [257, 3]]

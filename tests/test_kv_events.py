@@ -50,7 +50,7 @@ CONTROL_PLANE = ["everybyte.kv.block_id", "everybyte.kv.prefix_cache", "everybyt
 def test_control_plane_imports_without_torch():
     code = f"import sys; sys.modules['torch'] = None; import {', '.join(CONTROL_PLANE)}"
     subprocess.run([sys.executable, "-c", code], check=True)
-    tomllib = pytest.importorskip("tomllib")                  # Python 3.11+
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in Python 3.11+")
     with open(Path(__file__).parents[1] / "pyproject.toml", "rb") as f:
         files = tomllib.load(f)["tool"]["mypy"]["files"]
     assert [m.replace(".", "/") + ".py" for m in CONTROL_PLANE] == files

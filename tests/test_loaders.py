@@ -19,7 +19,7 @@ from everybyte.models.gguf_file import DEQUANTIZERS, GGUFFile
 from everybyte.models.gguf_loader import llama3_rope_factors, llama3_rope_from_factors, unpermute_qk
 from everybyte.models.loader import load_model
 
-transformers = pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers", reason="the parity reference; in the test extra")
 
 VOCAB = 300
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]

@@ -22,7 +22,7 @@ from everybyte.models.moe import MoEBlock
 from everybyte.models.moe_weights import canonical_weights
 from everybyte.models.nvfp4_linear import NVFP4Linear, PackedModule
 
-transformers = pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers", reason="the parity reference; in the test extra")
 
 COMMON = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6, bos_token_id=257,

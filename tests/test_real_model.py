@@ -9,7 +9,7 @@ from everybyte.models.attention import AttentionMetadata, LayerKVCache
 from everybyte.models.default_model import default_model_path
 from everybyte.models.loader import load_model
 
-transformers = pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers", reason="the parity reference; in the test extra")
 pytestmark = pytest.mark.slow
 
 PROMPTS = [

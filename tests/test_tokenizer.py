@@ -10,7 +10,7 @@ from everybyte.models.default_model import default_model_path
 from everybyte.models.gguf_file import GGUFFile
 from everybyte.models.tokenizer import Tokenizer
 
-transformers = pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers", reason="the parity reference; in the test extra")
 
 TEXTS = [
     "Hello, world!",

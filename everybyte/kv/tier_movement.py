@@ -57,6 +57,16 @@ class TierSet:
         self._during_put = threading.local()          # removals a put causes, reported after it
         self._pending: list[Future[list[bool]]] = []
 
+    def speeds(self) -> dict[str, Any]:
+        """What a router weighs a load against a recompute with (`/v1/kv/info` "speeds"): the
+        measured prefill tokens/s and each tier's measured load tokens/s (None until measured)."""
+        per_token = self.bytes_per_token
+        load: dict[str, float | None] = {}
+        for t in self.tiers:
+            bw = self.bandwidth.get(t.level)
+            load[t.level] = bw / per_token if bw and per_token else None
+        return {"prefill_tok_s": self.prefill_tok_s, "load_tok_s": load}
+
     def __len__(self) -> int:
         return len(self.tiers)
 

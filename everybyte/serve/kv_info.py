@@ -16,14 +16,7 @@ def namespace_fields(mem: KVMemoryManager) -> dict:
 
 
 def speeds(mem: KVMemoryManager | None) -> dict:
-    if mem is None:
-        return {"prefill_tok_s": None, "load_tok_s": {}}
-    tiers, per_token = mem.tiers, mem.pool.bytes_per_token
-    load = {}
-    for t in tiers.tiers:
-        bw = tiers.bandwidth.get(t.level)
-        load[t.level] = bw / per_token if bw and per_token else None
-    return {"prefill_tok_s": tiers.prefill_tok_s, "load_tok_s": load}
+    return {"prefill_tok_s": None, "load_tok_s": {}} if mem is None else mem.tiers.speeds()
 
 
 def kv_info(state) -> dict:

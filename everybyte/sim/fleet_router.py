@@ -3,7 +3,8 @@
 cost and the home rule) and the router's bookkeeping (cluster/decide). Only the transport
 differs: each worker's memory manager publishes its events (`KVMemoryManager.kv_events`, what
 `serve --kv-events` publishes) straight into the index at the virtual time they happen, and its
-load and speeds (serve/kv_info) are read when a request is routed instead of polled each second.
+load and speeds (TierSet.speeds, what serve/kv_info answers) are read when a request is routed
+instead of polled each second.
 """
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from everybyte.cluster.decide import Decider, Plan
 from everybyte.cluster.policy import Policy
 from everybyte.cluster.worker_state import Worker
 from everybyte.kv.events import KVEvent
-from everybyte.serve.kv_info import speeds
 from everybyte.sim.runner import SimRequest
 from everybyte.sim.worker import SimWorker
 
@@ -31,7 +31,7 @@ class SimWorkerView(Worker):
         mem, sched = self.sim.memory, self.sim.core.scheduler
         if self.info is None:
             self.info = {"role": self.role_name, "namespace_digest": self.namespace.digest.hex()}
-        self.info["speeds"] = speeds(mem)
+        self.info["speeds"] = mem.tiers.speeds()
         self.info["load"] = {"num_running": len(sched.running), "num_waiting": len(sched.waiting) + len(sched.loading)}
 
 

@@ -59,11 +59,13 @@ class Decider:
                 with self.lock:
                     overlaps.update(self.index.overlap(names_by_ns[ns], group))
         block_size = candidates[0].namespace.block_size if candidates[0].namespace else 16
-        with self.lock:
-            for w in candidates:
-                w.cached_blocks = self.index.counts(w.url).get("G1", 0)
         home = self.sessions.get(session) if session else None
-        req = Request(len(tokens or ()), block_size, overlaps, home, new_session=session is not None and home is None)
+        new_session = session is not None and home is None
+        if new_session:                        # only the new-session balance rule reads them
+            with self.lock:
+                for w in candidates:
+                    w.cached_blocks = self.index.held(w.url, "G1")
+        req = Request(len(tokens or ()), block_size, overlaps, home, new_session=new_session)
         d: Decision = self.policy.choose(req, candidates)
         names = names_by_ns.get(d.worker.namespace, []) if d.worker.namespace else []
         best = max((o.total for o in overlaps.values()), default=0)

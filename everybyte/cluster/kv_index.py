@@ -76,6 +76,11 @@ class KVIndex:
         self._free_slots.append(self._slots.pop(worker))
         del self._held[worker]
 
+    def held(self, worker: str, tier: str) -> int:
+        """Blocks the worker holds in one tier (0 for an unknown worker)."""
+        sets = self._held.get(worker)
+        return len(sets[TIERS.index(tier)]) if sets is not None else 0
+
     def counts(self, worker: str) -> dict[str, int]:
         return {t: len(s) for t, s in zip(TIERS, self._held[worker])} if worker in self._held else {}
 

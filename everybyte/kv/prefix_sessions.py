@@ -56,20 +56,6 @@ class PrefixSessions:
         assert all(name is not None for _, name in out), "a session block has no name"
         return out  # type: ignore[return-value]
 
-    def _reclass_all(self, blocks: list[int]) -> None:
-        """_reclass over many blocks, the private ones (a single owner) inlined."""
-        owners_of, parked, set_parked, unpark = self.owners, self.parked, self.policy.set_parked, self.policy.unpark
-        for b in blocks:
-            owners = owners_of.get(b, ())
-            if len(owners) != 1:
-                self._reclass(b)
-                continue
-            (o,) = owners
-            if o in parked:
-                set_parked(b, park_rank(parked[o]))
-            else:
-                unpark(b)
-
     def _reclass(self, block_id: int) -> None:
         """Parked class iff every owner is a parked session; rank = the earliest expected return."""
         owners, parked = self.owners.get(block_id, ()), self.parked
@@ -96,7 +82,8 @@ class PrefixSessions:
             raise ValueError(f"cannot park session id {session_id!r}")
         self.parked[session_id] = expected_return
         blocks = self._session_order(session_id)
-        self._reclass_all(blocks)
+        for b in blocks:
+            self._reclass(b)
         return self._named(blocks)
 
     def unpark(self, session_id: Hashable) -> list[tuple[int, bytes]]:
@@ -107,7 +94,8 @@ class PrefixSessions:
             return []
         del self.parked[session_id]
         blocks = self._session_order(session_id)
-        self._reclass_all(blocks)
+        for b in blocks:
+            self._reclass(b)
         return self._named(blocks)
 
     def drop(self, session_id: Hashable, keep: Callable[[bytes], bool] | None = None) -> list[bytes]:

@@ -11,10 +11,10 @@ Multi-step decode (RunConfig.multi_step): after a step, a worker whose batch can
 something outside it happens plans its next decode steps as one run (EngineCore.plan_decode)
 and is next woken at the run's end. An arrival (it routes, adds a request, resumes a parked
 session) or a `later` call (a disaggregated turn's decode starting) is an outside event: before
-one is handled, every worker applies the steps of
-its run that start before it, and the workers it touches drop the rest and step again where
-they would have. At equal times arrivals go before calls, calls before steps, and steps in worker order, so both
-ways make the same decisions at the same times.
+one is handled, every worker applies the steps of its run that start before it, and the workers
+it touches drop the rest and step again where they would have. At equal times arrivals go before
+calls, calls before steps, and steps in worker order, so both ways make the same decisions at the
+same times.
 """
 from __future__ import annotations
 
@@ -155,16 +155,16 @@ class Runner:
         while self.events:
             t, kind, _, n, what = heapq.heappop(self.events)
             self.now = t
+            if kind == STEP:
+                if self.step_event.get(what.index) == n:           # type: ignore[attr-defined]
+                    self._step(what)                                # type: ignore[arg-type]
+                continue
+            if self.runs:                                           # an outside event: runs catch up first
+                self._catch_up(t)
             if kind == ARRIVE:
-                if self.runs:
-                    self._catch_up(t)
                 self._arrive(what)                                  # type: ignore[arg-type]
-            elif kind == CALL:                                     # an outside event, as an arrival is
-                if self.runs:
-                    self._catch_up(t)
+            else:
                 what()                                              # type: ignore[operator]
-            elif self.step_event.get(what.index) == n:             # type: ignore[attr-defined]
-                self._step(what)                                    # type: ignore[arg-type]
         wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
         stuck = sum(len(w.core.requests) for w in self.workers)
         out = summarize(self.turns, self.workers, wall, self.n_events, self.skipped, self.rejected, stuck,

@@ -222,7 +222,8 @@ def test_attach_eplb_counts_every_block_and_applies_per_layer():
     applied: dict[int, list[int]] = {}
     ctl = attach_eplb(model, [0, 2], 4, 2, EplbSettings(redundant=1, interval=1), applied.__setitem__)
     assert ctl.load.steps.maxlen == 4                          # the default window: 4 intervals
-    model(torch.ones(6, 8))
+    for block in (model[0], model[2]):                          # each fed all-ones: routing is not left to random init
+        block(torch.ones(6, 8))
     assert ctl.on_step() and sorted(applied) == [0, 2]
     assert ctl.load.window_counts().tolist() == [[6, 6, 0, 0], [0, 0, 6, 6]]
     assert layer_imbalance(ctl.load.window_counts(), [applied[0], applied[2]], 2) == [1.0, 1.0]

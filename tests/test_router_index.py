@@ -109,12 +109,21 @@ def test_kv_session_stays_where_its_kv_is_ready_first():
     assert kv_cost(req, idle, 1.0) < kv_cost(req, home, 1.0)
     d = pol.choose(req, [home, idle])
     assert d.worker is home and d.prefill_blocks == 1
-    # prefill queued at home beyond a full recompute elsewhere: the other worker has the KV sooner
+    # prefill queued at home: the other worker has the KV sooner (60 + 1 against 45 blocks), but
+    # by less than the 44 blocks of recompute leaving adds, so the session stays
     home.queued_prefill_blocks = 60
+    assert pol.choose(req, [home, idle]).worker is home
+    home.queued_prefill_blocks = 89                 # saves 45 blocks of wait for 44 of work: leave
     assert pol.choose(req, [home, idle]).worker is idle
-    # home says requests wait for a slot there: no queuing behind them
-    home.queued_prefill_blocks, home.info = 0, {"load": {"num_waiting": 2}}
+    # requests waiting for prefill are the queue above, not a full home
+    home.queued_prefill_blocks, home.info = 0, {"load": {"num_waiting": 2, "num_running": 1, "max_num_seqs": 4}}
+    assert pol.choose(req, [home, idle]).worker is home
+    # every slot at home taken: a worker with a free slot gets it; when all are full it stays home
+    home.info = {"load": {"num_waiting": 2, "num_running": 4, "max_num_seqs": 4}}
     assert pol.choose(req, [home, idle]).worker is idle
+    idle.info = {"load": {"num_running": 4, "max_num_seqs": 4}}
+    assert pol.choose(req, [home, idle]).worker is home
+    idle.info = None
     # no session: the one worker with the deepest prefix is the home (a sub-agent forked from a session)
     home.info = None
     fork = Request(180, 4, {"home": Overlap(30, 30, 30, 30), "idle": Overlap(2, 2, 2, 2)})

@@ -45,8 +45,12 @@ class Worker:
         return max(self.in_flight, int(load.get("num_running") or 0) + int(load.get("num_waiting") or 0))
 
     def full(self) -> bool:
-        """The worker said (last poll) that requests wait for a slot: a session should not queue there."""
-        return int(self.load.get("num_waiting") or 0) > 0
+        """Every sequence slot was taken at the last poll (num_running >= max_num_seqs): a request
+        routed there waits for one to finish, however much of its prefix is cached. Requests
+        waiting only for prefill are the router's queued_prefill_blocks, not this."""
+        load = self.load
+        cap = load.get("max_num_seqs")
+        return cap is not None and int(load.get("num_running") or 0) >= int(cap)
 
     def load_fraction(self, tier: str) -> float:
         """Seconds to load one token from `tier` over seconds to prefill one, clamped to [0, 1]."""

@@ -34,6 +34,6 @@ def kv_info(state) -> dict:
         "kv_events": cfg.kv_events,
         "kv_connector": cfg.kv_connector,
         "speeds": speeds(mem),
-        "load": {"num_running": len(sched.running), "num_waiting": len(sched.waiting) + len(sched.loading),
+        "load": {"num_running": len(sched.running), "num_waiting": len(sched.waiting) + len(sched.loading), "max_num_seqs": sched.max_num_seqs,
                  "kv_usage": round((total - free) / total, 6), "kv_blocks_free": free, "kv_blocks_total": total},
     }

@@ -32,7 +32,8 @@ class SimWorkerView(Worker):
         if self.info is None:
             self.info = {"role": self.role_name, "namespace_digest": self.namespace.digest.hex()}
         self.info["speeds"] = mem.tiers.speeds()
-        self.info["load"] = {"num_running": len(sched.running), "num_waiting": len(sched.waiting) + len(sched.loading)}
+        self.info["load"] = {"num_running": len(sched.running), "num_waiting": len(sched.waiting) + len(sched.loading),
+                             "max_num_seqs": sched.max_num_seqs}
 
 
 class FleetRouter:

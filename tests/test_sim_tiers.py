@@ -2,6 +2,9 @@
 the end of the real TierSet's spill chain, G4 shared storage every worker of the fleet holds, their
 catalog figures with sources, and bad input."""
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -58,6 +61,26 @@ def test_a_second_worker_loads_the_first_workers_blocks_from_shared_storage(caps
     assert link["capacity_bytes"] == 10e15 and link["load_bytes_per_s_per_worker"] == 5e9
     assert link["latency_s"] == 5e-3 and "judgment" in link["catalog"]["capacity_bytes"]["source"]
     assert link["catalog"]["bandwidth_per_gpu"]["source"].startswith("https://")
+
+
+@pytest.mark.parametrize("args", [[*SMALL, "--host-tier", "1MiB", "--disk-tier"], [*FLEET, "--shared-storage"]])
+def test_multi_step_decode_makes_the_same_decisions_with_storage_tiers(capsys, args):
+    on, off = sim(capsys, *args)["summary"], sim(capsys, *args, "--no-multi-step")["summary"]
+    assert on["events"] < off["events"]
+    for d in (on, off):
+        for key in ("wall_s", "sim_requests_per_wall_s", "cpu_s", "events"):
+            d.pop(key)
+    assert on == off
+
+
+def test_g3_spills_to_g4_and_the_tiers_run_without_torch():
+    script = Path(__file__).with_name("sim_torch_free.py")
+    done = subprocess.run([sys.executable, str(script), *FLEET, "--disk-tier", "1MiB", "--shared-storage"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "torch_loaded=False" in done.stderr
+    by_tier = json.loads(done.stdout)["summary"]["prefill_tokens"]["by_tier"]
+    assert by_tier["G3"] > 0 and by_tier["G4"] > 0       # a 1 MiB G3 spills on to G4, where worker 1 finds it
 
 
 def test_g4_sits_below_g2_and_g3_in_every_workers_spill_chain():

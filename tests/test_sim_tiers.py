@@ -96,7 +96,7 @@ def test_g4_sits_below_g2_and_g3_in_every_workers_spill_chain():
     assert fleet.cost.transfer_seconds("G4", 5_000_000) == pytest.approx(5e-3 + 1e-3)
 
 
-def test_every_storage_figure_has_a_source():
+def test_every_storage_figure_has_a_source(capsys):
     figures = [*NVME_DRIVE.values(), *SHARED_STORAGE.values(), *SHARED_STORAGE_BANDWIDTH.values()]
     figures += [f for node in LOCAL_NVME.values() for f in node.values()]
     for value, source in figures:
@@ -105,6 +105,10 @@ def test_every_storage_figure_has_a_source():
     g = build(SimConfig(hardware="GB300-NVL72", gpus_per_worker=4, kv_cache="16MiB"))[0]
     link, nbytes = local_nvme(g)
     assert nbytes == 4 * 7_680_000_000_000 and link.bytes_per_s == 4 * 14e9
+    assert sim_main(["hardware", "H200"]) == 0                          # `sim hardware` lists them too
+    tiers = json.loads(capsys.readouterr().out)[0]["storage_tiers"]
+    assert tiers["G3_local_nvme"]["drive"]["read_bytes_per_s"]["value"] == 14e9
+    assert tiers["G4_shared_storage"]["bandwidth_per_gpu"]["source"].startswith("https://")
 
 
 @pytest.mark.parametrize("args, message", [

@@ -14,6 +14,7 @@ from everybyte.sim.fleet_build import FLEET_ROUTES, FleetConfig, build_fleet, fl
 from everybyte.sim.hardware import get_hardware, names
 from everybyte.sim.models import BUILTIN, get_model
 from everybyte.sim.runner import ROUTES, RunConfig, Runner
+from everybyte.sim.storage_links import describe_catalog
 from everybyte.traces import FORMATS, TraceError, load_trace
 from everybyte.traces.scaling import Scaling
 from everybyte.traces.tokens import TokenSpace
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if cmd == "hardware":
             hws = [get_hardware(rest[0])] if rest else [get_hardware(n) for n in names()]
-            print(json.dumps([h.describe() for h in hws], indent=1))
+            print(json.dumps([{**h.describe(), "storage_tiers": describe_catalog(h.name)} for h in hws], indent=1))
             return 0
         if cmd == "models":
             models = [get_model(rest[0])] if rest else [get_model(n) for n in BUILTIN]

@@ -108,14 +108,23 @@ def _sourced(figures: Figures) -> dict[str, Any]:
 
 def describe_nvme(hw_name: str, capacity_bytes: int, link: TierLink) -> dict[str, Any]:
     return {"capacity_bytes_per_worker": capacity_bytes, "load_bytes_per_s_per_worker": link.bytes_per_s,
-            "latency_s": link.latency_s, "node": _sourced(LOCAL_NVME[hw_name]), "drive": _sourced(NVME_DRIVE),
+            "latency_s": link.latency_s, **describe_catalog(hw_name)["G3_local_nvme"],
             "bandwidth": "drives per GPU x GPUs per worker x the drive's sequential read; writes (spills) run "
                          "beside compute and are not charged, as G2's are not"}
 
 
 def describe_shared(hw_name: str, capacity_bytes: int, link: TierLink) -> dict[str, Any]:
-    value, source = SHARED_STORAGE_BANDWIDTH[hw_name]
     return {"capacity_bytes": capacity_bytes, "load_bytes_per_s_per_worker": link.bytes_per_s,
-            "latency_s": link.latency_s,
-            "catalog": {**_sourced(SHARED_STORAGE), "bandwidth_per_gpu": {"value": value, "source": source}},
+            "latency_s": link.latency_s, "catalog": describe_catalog(hw_name)["G4_shared_storage"],
             "contention": "not modelled: every worker reads at its own figure, as with the pod flash tier"}
+
+
+def describe_catalog(hw_name: str) -> dict[str, Any]:
+    """The storage tier figures the catalog has for this hardware (`everybyte sim hardware`)."""
+    out: dict[str, Any] = {}
+    if hw_name in LOCAL_NVME:
+        out["G3_local_nvme"] = {"node": _sourced(LOCAL_NVME[hw_name]), "drive": _sourced(NVME_DRIVE)}
+    if hw_name in SHARED_STORAGE_BANDWIDTH:
+        value, source = SHARED_STORAGE_BANDWIDTH[hw_name]
+        out["G4_shared_storage"] = {**_sourced(SHARED_STORAGE), "bandwidth_per_gpu": {"value": value, "source": source}}
+    return out

@@ -52,6 +52,8 @@ def test_levers_outside_the_hardware_say_why():
     assert "host link" in why_not("GB200-NVL72", scenario_for("host_staging"))
     assert why_not("GB300-NVL72", scenario_for("host_staging")) is None         # Grace's C2C is in the catalog
     assert why_not("VR-NVL72", scenario_for("all")) is None
+    assert why_not("GB300-NVL72", scenario_for("local_nvme")) is None
+    assert "local NVMe" in why_not("VR-NVL72", scenario_for("local_nvme"))
     pod = scenario_for("pod_flash")
     assert pod.pod_flash and pod.workers == 4 and pod.route == "round-robin"
     assert scenario_for("kv_routing_disagg").disagg and scenario_for("kv_routing_disagg").route == "kv"

@@ -12,6 +12,7 @@ from everybyte.sim.executor import CostExecutor
 from everybyte.sim.expert_parallel import ExpertParallel
 from everybyte.sim.hardware import get_hardware
 from everybyte.sim.models import get_model
+from everybyte.sim.storage_links import describe_nvme, local_nvme, tier_bytes
 from everybyte.sim.worker import SimPool, SimWorker, WorkerSpec
 
 
@@ -33,6 +34,7 @@ class SimConfig:
     ep: bool = False                         # expert parallelism over the worker's GPUs (else ideal scaling)
     expert_imbalance: float = 1.0            # max / mean tokens per GPU under EP
     token_weight: float = 1.0                # a trace token stands for this many real ones (CostModel)
+    disk_tier: str | None = None             # G3 local NVMe bytes per worker ("catalog": its drives); None: none
 
 
 def build(cfg: SimConfig, calibration: StepFit | None = None,
@@ -52,7 +54,8 @@ def build(cfg: SimConfig, calibration: StepFit | None = None,
     host = parse_size(cfg.host_tier) if cfg.host_tier else 0
     if host:
         cost.transfer_seconds("G2", 1)                         # the hardware must have a host link
-    spec = WorkerSpec(pool, model_id=model.name, kv_format=cfg.kv_format, host_tier_bytes=host,
+    disk, disk_info = _disk_tier(cfg, cost)
+    spec = WorkerSpec(pool, model_id=model.name, kv_format=cfg.kv_format, host_tier_bytes=host, disk_tier_bytes=disk,
                       max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
                       max_model_len=model.max_len)
     shared = shared_tiers(pool) if shared_tiers else []
@@ -62,6 +65,16 @@ def build(cfg: SimConfig, calibration: StepFit | None = None,
             "hardware": hw.describe(), "workers": cfg.workers,
             "kv_pool_per_worker": {"budget_bytes": pool.budget_bytes, "num_blocks": pool.num_blocks,
                                    "block_size": pool.block_size, "bytes_per_token": pool.bytes_per_token},
-            "host_tier_bytes_per_worker": host, "max_num_seqs": cfg.max_num_seqs,
+            "host_tier_bytes_per_worker": host, "disk_tier": disk_info, "max_num_seqs": cfg.max_num_seqs,
             "max_num_batched_tokens": cfg.max_num_batched_tokens}
     return cost, workers, info
+
+
+def _disk_tier(cfg: SimConfig, cost: CostModel) -> tuple[int, dict | None]:
+    """G3 bytes per worker and what the output says of it; the link joins the cost model's tiers."""
+    if cfg.disk_tier is None:
+        return 0, None
+    link, drives = local_nvme(cost)
+    link = cost.tiers.setdefault("G3", link)                  # a calibration's measured G3 load wins
+    disk = tier_bytes("--disk-tier", cfg.disk_tier, drives)
+    return disk, describe_nvme(cost.hw.name, disk, link)

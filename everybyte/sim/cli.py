@@ -14,6 +14,7 @@ from everybyte.sim.fleet_build import FLEET_ROUTES, FleetConfig, build_fleet, fl
 from everybyte.sim.hardware import get_hardware, names
 from everybyte.sim.models import BUILTIN, get_model
 from everybyte.sim.runner import ROUTES, RunConfig, Runner
+from everybyte.sim.storage_links import describe_catalog
 from everybyte.traces import FORMATS, TraceError, load_trace
 from everybyte.traces.scaling import Scaling
 from everybyte.traces.tokens import TokenSpace
@@ -32,6 +33,9 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-cache", default=None, help="KV bytes per worker (default: the device after the weights)")
     g.add_argument("--memory-utilization", type=float, default=0.9)
     g.add_argument("--host-tier", default=None, help="G2 host tier bytes per worker, e.g. 64GiB (default none)")
+    g.add_argument("--disk-tier", nargs="?", const="catalog", default=None, metavar="BYTES",
+                   help="G3 local NVMe tier per worker, below G2 (--kv-tiers disk:); BYTES or the catalog's "
+                   "drives per GPU x the worker's GPUs (sim/storage_links)")
     g.add_argument("--block-size", type=int, default=16)
     g.add_argument("--max-num-seqs", type=int, default=256)
     g.add_argument("--max-num-batched-tokens", type=int, default=8192)
@@ -46,7 +50,7 @@ def config_from(args) -> SimConfig:
     return SimConfig(args.hardware, args.model, args.workers or 1, args.gpus_per_worker, args.weights_format,
                      args.kv_format, args.kv_cache, args.memory_utilization, args.host_tier, args.block_size,
                      args.max_num_seqs, args.max_num_batched_tokens, args.step_overhead_us * 1e-6, args.ep,
-                     args.expert_imbalance)
+                     args.expert_imbalance, disk_tier=args.disk_tier)
 
 
 def run_parser() -> argparse.ArgumentParser:
@@ -72,6 +76,9 @@ def run_parser() -> argparse.ArgumentParser:
                    help="a turn whose uncached prefill exceeds TOKENS prefills on a prefill worker first")
     r.add_argument("--pod-flash", nargs="?", const="catalog", default=None, metavar="BYTES",
                    help="a pod flash tier (G3.5, CMX-like) shared by every worker; BYTES or the catalog's 1 PB")
+    r.add_argument("--shared-storage", nargs="?", const="catalog", default=None, metavar="BYTES",
+                   help="shared storage (G4, a shared file system / object store over the network, --kv-tiers "
+                   "cold:) at the end of every worker's spill chain; BYTES or the catalog's 10 PB")
     r.add_argument("--no-park", action="store_true", help="do not park sessions during tool gaps")
     r.add_argument("--park-min-gap", type=float, default=0.5)
     r.add_argument("--no-multi-step", action="store_true", help="step every decode token (the same decisions, "
@@ -107,8 +114,9 @@ def calibrate(argv: list[str]) -> int:
 
 
 def run_sim(args, cfg: SimConfig) -> dict:
-    fleet = build_fleet(cfg, FleetConfig(args.route, args.workers, args.prefill, args.decode, args.disagg_threshold,
-                                         args.pod_flash), StepFit.load(args.calibration) if args.calibration else None)
+    fleet_cfg = FleetConfig(args.route, args.workers, args.prefill, args.decode, args.disagg_threshold,
+                            args.pod_flash, args.shared_storage)
+    fleet = build_fleet(cfg, fleet_cfg, StepFit.load(args.calibration) if args.calibration else None)
     cost, workers, info = fleet.cost, fleet.workers, fleet.info
     trace = load_trace(args.trace, skip_bad=args.skip_bad, fmt=args.trace_format)
     if args.max_sessions:
@@ -146,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if cmd == "hardware":
             hws = [get_hardware(rest[0])] if rest else [get_hardware(n) for n in names()]
-            print(json.dumps([h.describe() for h in hws], indent=1))
+            print(json.dumps([{**h.describe(), "storage_tiers": describe_catalog(h.name)} for h in hws], indent=1))
             return 0
         if cmd == "models":
             models = [get_model(rest[0])] if rest else [get_model(n) for n in BUILTIN]

@@ -1,7 +1,9 @@
 """A simulated fleet: the workers of `sim/build` with roles (`everybyte cluster`'s --prefill /
 --decode rules), the routing (the runner's sticky / round-robin, or the cluster router's policies
-through sim/fleet_router), conditional disaggregation (sim/fleet_disagg) and the pod flash tier
-(G3.5: one name-only tier every worker holds, write-through as the real shared tiers are)."""
+through sim/fleet_router), conditional disaggregation (sim/fleet_disagg), the pod flash tier
+(G3.5: one name-only tier every worker holds, write-through as the real shared tiers are) and the
+shared storage (G4: one name-only tier at the end of every worker's spill chain, as the real
+engine's `cold:` tier is)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -20,6 +22,7 @@ from everybyte.sim.fleet_links import describe as describe_links
 from everybyte.sim.fleet_router import FleetRouter
 from everybyte.sim.metrics import TurnRecord
 from everybyte.sim.runner import ROUTES
+from everybyte.sim.storage_links import SHARED_STORAGE, describe_shared, shared_storage_link, tier_bytes
 from everybyte.sim.tiers import NameTier
 from everybyte.sim.worker import SimPool, SimWorker
 
@@ -36,6 +39,7 @@ class FleetConfig:
     decode: int | None = None
     disagg_threshold: int | None = None       # tokens of uncached prefill above which a turn disaggregates
     pod_flash: str | None = None              # G3.5 bytes for the pod ("catalog": POD_FLASH); None: none
+    shared_storage: str | None = None         # G4 bytes for the fleet ("catalog": SHARED_STORAGE); None: none
     overlap_weight: float = 1.0
 
 
@@ -68,20 +72,27 @@ def build_fleet(cfg: SimConfig, f: FleetConfig, calibration: StepFit | None = No
     roles = roles_for(f)
     pod_bytes = None if f.pod_flash is None else int(POD_FLASH["capacity_bytes"][0]) if f.pod_flash == "catalog" \
         else parse_size(f.pod_flash)
-    pods: list[NameTier] = []
+    g4_bytes = None if f.shared_storage is None else \
+        tier_bytes("--shared-storage", f.shared_storage, int(SHARED_STORAGE["capacity_bytes"][0]))
+    fleet_tiers: list[NameTier] = []
 
     def shared(pool: SimPool) -> list:
-        if pod_bytes is not None:
-            pods.append(NameTier(pod_bytes, "G3.5", pool.bytes_per_block, kind="pod-flash"))
-        return pods
+        for nbytes, level, kind in ((pod_bytes, "G3.5", "pod-flash"), (g4_bytes, "G4", "shared-storage")):
+            if nbytes is not None:
+                fleet_tiers.append(NameTier(nbytes, level, pool.bytes_per_block, kind=kind))
+        return fleet_tiers
     cost, workers, info = build(replace(cfg, workers=len(roles)), calibration, shared)
     links: dict[str, Any] = {}
     if f.disagg_threshold is not None:
         cost.tiers["remote"], links["remote"] = remote_link(cost, len(roles))
-    if pods:
-        cost.tiers["G3.5"] = pod_flash_link(cost)
-        links["G3.5"] = {"capacity_bytes": pod_bytes, **describe_links()}
-        pods[0].on_evict_many = lambda names, datas: _evicted_everywhere(workers, names)
+    for tier in fleet_tiers:
+        if tier.level == "G3.5":
+            cost.tiers["G3.5"] = pod_flash_link(cost)
+            links["G3.5"] = {"capacity_bytes": pod_bytes, **describe_links()}
+        else:
+            link = cost.tiers.setdefault("G4", shared_storage_link(cost))   # a calibration's measured G4 wins
+            links["G4"] = describe_shared(cost.hw.name, tier.capacity_bytes, link)
+        tier.on_evict_many = lambda names, datas, level=tier.level: _evicted_everywhere(workers, names, level)
     router = disagg = None
     if f.route in FLEET_ROUTES or f.disagg_threshold is not None:
         router = FleetRouter(workers, roles, Policy(AS_POLICY[f.route], f.overlap_weight))
@@ -96,12 +107,12 @@ def build_fleet(cfg: SimConfig, f: FleetConfig, calibration: StepFit | None = No
     return Fleet(cost, workers, info, roles, route, router, disagg)
 
 
-def _evicted_everywhere(workers: list[SimWorker], names) -> None:
-    """The pod tier dropped blocks: every worker reports it (each may have announced them), so the
-    router's index forgets them for all."""
+def _evicted_everywhere(workers: list[SimWorker], names, level: str) -> None:
+    """A tier every worker holds dropped blocks: every worker reports it (each may have announced
+    them), so the router's index forgets them for all."""
     for w in workers:
         if w.memory.tiers.on_event is not None:
-            w.memory.tiers.on_event(BlockRemoved(list(names), medium="G3.5"))
+            w.memory.tiers.on_event(BlockRemoved(list(names), medium=level))
 
 
 def fleet_summary(fleet: Fleet, turns: list[TurnRecord], weights_bytes: int) -> dict[str, Any]:

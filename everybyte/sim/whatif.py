@@ -13,6 +13,7 @@ from everybyte.sim.build import SimConfig
 from everybyte.sim.fleet_build import FleetConfig, build_fleet
 from everybyte.sim.hardware import get_hardware
 from everybyte.sim.runner import RunConfig, Runner
+from everybyte.sim.storage_links import LOCAL_NVME
 from everybyte.traces.model import Trace
 from everybyte.traces.scaling import Scaling
 from everybyte.traces.tokens import TokenSpace
@@ -35,6 +36,7 @@ class Scenario:
     route: str = "sticky"             # sim run --route: sticky | round-robin | kv
     disagg: bool = False              # DISAGG_PREFILL_WORKERS of the workers prefill, the rest decode
     pod_flash: bool = False           # the pod flash tier (G3.5, CMX-like) shared by the workers
+    local_nvme: bool = False          # a G3 tier of the catalog's NVMe drives per worker, below G2
 
 
 # lever -> what it changes on the baseline (None: not simulated, with the reason)
@@ -46,6 +48,7 @@ LEVERS: dict[str, dict[str, Any] | str] = {
     "ep64": {"ep": 64},
     "eplb": {"imbalance": EPLB_AFTER},
     "host_staging": {"host_staging": True},
+    "local_nvme": {"host_staging": True, "local_nvme": True},
     "fleet_round_robin": {"workers": FLEET_WORKERS, "route": "round-robin"},
     "kv_routing": {"workers": FLEET_WORKERS, "route": "kv"},
     "kv_routing_disagg": {"workers": FLEET_WORKERS, "route": "kv", "disagg": True},
@@ -108,6 +111,8 @@ def why_not(hw_name: str, s: Scenario) -> str | None:
         return f"EP{s.ep} exceeds the NVLink domain of {domain} GPUs (cross-node all-to-all is not modelled)"
     if s.host_staging and hw.get("host_bytes_per_s") is None:
         return "no sourced host link (C2C/PCIe) bandwidth for this hardware in the catalog"
+    if s.local_nvme and hw.name not in LOCAL_NVME:
+        return "no sourced local NVMe figures (drives per GPU, drive capacity) for this hardware in the catalog"
     return None
 
 
@@ -132,7 +137,8 @@ def run_point(cfg: WhatIfConfig, hw_name: str, s: Scenario, trace: Trace, scalin
         host = str(int(size * s.ep))
     sim = SimConfig(hw_name, "deepseek-r1", s.workers, s.ep, s.weights_format, s.kv_format, None,
                     cfg.memory_utilization, host, 16, cfg.max_num_seqs * s.ep, cfg.max_num_batched_tokens * s.ep,
-                    ep=True, expert_imbalance=s.imbalance, token_weight=scaling.token_scale)
+                    ep=True, expert_imbalance=s.imbalance, token_weight=scaling.token_scale,
+                    disk_tier="catalog" if s.local_nvme else None)
     threshold = max(int(DISAGG_THRESHOLD_TOKENS / scaling.token_scale), 0) if s.disagg else None
     prefill = min(DISAGG_PREFILL_WORKERS, s.workers - 1) if s.disagg else None
     fleet = build_fleet(sim, FleetConfig(s.route, s.workers, prefill, None if prefill is None else s.workers - prefill,

@@ -74,6 +74,8 @@ def assumptions(cfg: WhatIfConfig, trace, scaling: Scaling, path: str) -> list[s
         "(../shared/specs/nvfp4.md, DeepSeek-R1 at EP32), applied at every EP degree",
         f"host staging: parked sessions' KV offloaded to a G2 tier of the catalog's host memory per GPU, or "
         f"{HOST_BYTES_PER_GPU >> 30} GiB per GPU where it has a host link but no size; loads at the host link",
+        "local_nvme: host staging + a G3 tier of the catalog's NVMe drives per worker below it (sim/storage_links: "
+        "drives per GPU x GPUs, each at a Gen5 drive's 14 GB/s and 60 us); what overflows G2 spills there",
         "per system: throughput per GPU x the GPUs of the system (H200 NVL8: 8, NVL72: 72); one worker is "
         "simulated per configuration, the others are copies",
         "interactivity = 1 / TPOT p50 over turns; throughput = output tokens over the run's span (ramp-up and "

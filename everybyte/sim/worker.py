@@ -48,6 +48,7 @@ class WorkerSpec:
     model_id: str = "sim-model"
     kv_format: str = "nvfp4"
     host_tier_bytes: int = 0                 # 0: no G2 tier
+    disk_tier_bytes: int = 0                 # 0: no G3 tier (local NVMe, below G2 in the spill chain)
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     max_model_len: int = 8192
@@ -59,11 +60,13 @@ class WorkerSpec:
 class SimWorker:
     def __init__(self, index: int, spec: WorkerSpec, executor_for, transfer_seconds, eos=(), shared_tiers=()):
         """executor_for(clock) -> Executor; transfer_seconds(level, nbytes) -> seconds; shared_tiers:
-        tiers every worker of the pod holds (the pod flash tier, sim/fleet_build)."""
+        tiers every worker of the pod holds (the pod flash tier G3.5, shared storage G4: sim/fleet_build),
+        after the local ones as the real engine's --kv-tiers orders them."""
         self.index, self.spec = index, spec
         self.clock = VirtualClock(0.0)
         pool = spec.pool
-        local = [NameTier(spec.host_tier_bytes, "G2", pool.bytes_per_block)] if spec.host_tier_bytes else []
+        local = [NameTier(n, level, pool.bytes_per_block, kind) for n, level, kind in
+                 ((spec.host_tier_bytes, "G2", "host"), (spec.disk_tier_bytes, "G3", "disk")) if n]
         tiers = SyncTierSet(local + list(shared_tiers))
         self.mover = SimMover(tiers, self.clock, pool.bytes_per_block, transfer_seconds)
         ns = KVNamespace(spec.model_id, kv_format=spec.kv_format, block_size=pool.block_size)

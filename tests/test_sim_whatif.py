@@ -51,7 +51,10 @@ def test_levers_outside_the_hardware_say_why():
     assert "NVLink domain of 8" in why_not("H200", scenario_for("ep32"))
     assert "host link" in why_not("GB200-NVL72", scenario_for("host_staging"))
     assert why_not("GB300-NVL72", scenario_for("host_staging")) is None         # Grace's C2C is in the catalog
-    assert why_not("VR-NVL72", scenario_for("all")) is None
+    assert why_not("GB300-NVL72", scenario_for("all")) is None
+    assert fit_to("VR-NVL72", scenario_for("all"))[1] == ["local NVMe (no sourced drive figures)"]
+    fleet = scenario_for("all_fleet")
+    assert (fleet.workers, fleet.route, fleet.pod_flash, fleet.ep) == (2, "kv", True, 64)
     assert why_not("GB300-NVL72", scenario_for("local_nvme")) is None
     assert "local NVMe" in why_not("VR-NVL72", scenario_for("local_nvme"))
     pod = scenario_for("pod_flash")
@@ -71,7 +74,7 @@ def test_token_weight_scales_kv_bytes_and_prefill():
 
 
 def test_whatif_table_from_simulated_runs(tmp_path, capsys):
-    rc = sim_main(["whatif", "--hardware", "GB300-NVL72,H200", "--levers", "baseline,ep32,pod_flash,fleet_round_robin,all",
+    rc = sim_main(["whatif", "--hardware", "GB300-NVL72,H200", "--levers", "baseline,ep32,pod_flash,fleet_round_robin,all,all_fleet",
                    "--sessions-per-gpu", "1,2", "--max-sessions-per-gpu", "2", "--turns", "2", "--trace", TRACE,
                    "--token-scale", "64", "--out", str(tmp_path)])
     assert rc == 0
@@ -87,6 +90,9 @@ def test_whatif_table_from_simulated_runs(tmp_path, capsys):
     assert pod["simulated"] and any(p["reused_by_tier"].get("G3.5", 0) > 0 for p in pod["points"])
     assert rows[("H200", "pod_flash")]["simulated"]                   # 4 x 8 GPUs: over the network
     assert rows[("H200", "all")]["simulated"] and rows[("H200", "all")]["scenario"]["ep"] == 8
+    stacked = rows[("H200", "all_fleet")]                             # 2 x EP8 behind the kv router
+    assert stacked["simulated"] and stacked["scenario"]["workers"] == 2 and stacked["scenario"]["route"] == "kv"
+    assert stacked["points"][-1]["sessions"] == 2 * rows[("H200", "all")]["points"][-1]["sessions"]
     assert any("extrapolat" in a for a in r["assumptions"]) and any("power: H200" in a for a in r["assumptions"])
     assert [c["seed"] for c in r["claims"]] == [30.0, 30.0, 4.0, 1.8, 5.0, 5.0]
     assert r["claims"][4]["simulated"] is not None                # pod flash vs the fleet without it

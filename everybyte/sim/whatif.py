@@ -39,6 +39,12 @@ class Scenario:
     local_nvme: bool = False          # a G3 tier of the catalog's NVMe drives per worker, below G2
 
 
+ALL: dict[str, Any] = {"weights_format": "nvfp4", "kv_format": "nvfp4", "ep": 64, "imbalance": EPLB_AFTER,
+                       "host_staging": True, "local_nvme": True}
+# `all_fleet`: ALL_FLEET_WORKERS workers of `all` behind the kv router sharing a pod flash tier
+# (2, not FLEET_WORKERS: 4 x EP64 is 256 GPUs, whose sweep outlasts this host's patience)
+ALL_FLEET_WORKERS = 2
+
 # lever -> what it changes on the baseline (None: not simulated, with the reason)
 LEVERS: dict[str, dict[str, Any] | str] = {
     "baseline": {},
@@ -53,9 +59,10 @@ LEVERS: dict[str, dict[str, Any] | str] = {
     "kv_routing": {"workers": FLEET_WORKERS, "route": "kv"},
     "kv_routing_disagg": {"workers": FLEET_WORKERS, "route": "kv", "disagg": True},
     "pod_flash": {"workers": FLEET_WORKERS, "route": "round-robin", "pod_flash": True},
-    "all": {"weights_format": "nvfp4", "kv_format": "nvfp4", "ep": 64, "imbalance": EPLB_AFTER,
-            "host_staging": True},
+    "all": ALL,
+    "all_fleet": {**ALL, "workers": ALL_FLEET_WORKERS, "route": "kv", "pod_flash": True},
 }
+STACKED = ("all", "all_fleet")
 SYSTEMS = {"H200": 8, "GB300-NVL72": 72, "VR-NVL72": 72}       # GPUs in one system (NVLink domain)
 
 
@@ -91,8 +98,9 @@ def scenario_for(lever: str) -> Scenario | str:
 
 
 def fit_to(hw_name: str, s: Scenario) -> tuple[Scenario, list[str]]:
-    """'all' on a hardware that lacks a lever: the widest EP its NVLink domain holds, no host
-    staging without a host link; what was dropped is said."""
+    """'all' (and 'all_fleet') on a hardware that lacks a lever: the widest EP its NVLink domain
+    holds, no host staging without a host link, no local NVMe without drive figures; what was
+    dropped is said."""
     hw, dropped = get_hardware(hw_name), []
     domain = int(hw.need("nvlink_domain_gpus"))
     if s.ep > domain:
@@ -101,6 +109,9 @@ def fit_to(hw_name: str, s: Scenario) -> tuple[Scenario, list[str]]:
     if s.host_staging and hw.get("host_bytes_per_s") is None:
         dropped.append("host staging (no sourced host link)")
         s = replace(s, host_staging=False)
+    if s.local_nvme and hw.name not in LOCAL_NVME:
+        dropped.append("local NVMe (no sourced drive figures)")
+        s = replace(s, local_nvme=False)
     return s, dropped
 
 
@@ -207,12 +218,12 @@ def run_whatif(cfg: WhatIfConfig, trace: Trace, scaling: Scaling, progress=None)
                 raise ValueError(f"unknown lever {lever!r}; known: {', '.join(LEVERS)}")
             s = scenario_for(lever)
             row: dict[str, Any] = {"hardware": hw_name, "lever": lever}
-            reason = s if isinstance(s, str) else None if lever == "all" else why_not(hw_name, s)
+            reason = s if isinstance(s, str) else None if lever in STACKED else why_not(hw_name, s)
             if reason is not None:
                 rows.append({**row, "simulated": False, "why_not": reason})
                 continue
             assert isinstance(s, Scenario)
-            if lever == "all":
+            if lever in STACKED:
                 s, row["dropped"] = fit_to(hw_name, s)
             try:
                 points = sweep(cfg, hw_name, s, trace, scaling)

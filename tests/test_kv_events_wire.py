@@ -16,8 +16,8 @@ from serve_fixtures import free_port
 from everybyte.cluster.kv_events_sub import Subscriber, decode_batch
 from everybyte.kv import events as ev
 from everybyte.kv.block_id import KVNamespace, chain_block_ids
+from everybyte.kv.events_wire import encode_batch
 from everybyte.serve.kv_events_pub import KVEventPublisher, parse_endpoint
-from everybyte.serve.kv_events_wire import encode_batch
 
 # ---- vLLM's definitions, as examples/online_serving/kv_events_subscriber.py writes them ----------
 ExternalBlockHash = Union[bytes, int]

@@ -19,9 +19,8 @@ import msgspec
 import zmq
 
 from everybyte.kv.events import KVEvent
-from everybyte.serve.kv_events_pub import END_SEQ
-from everybyte.serve.kv_events_wire import WireBatch
-from everybyte.serve.kv_events_wire import decode_batch as _decode
+from everybyte.kv.events_wire import END_SEQ, WireBatch
+from everybyte.kv.events_wire import decode_batch as _decode
 
 log = logging.getLogger("everybyte.cluster.kv_events")
 

@@ -1,5 +1,5 @@
 """The KV-event feed: a worker's KV events, one batch per engine step, on a ZeroMQ PUB socket in
-vLLM's format (kv_events_wire), with a ROUTER socket that replays buffered batches.
+vLLM's format (kv/events_wire), with a ROUTER socket that replays buffered batches.
 
 PUB frames: [topic, seq (8 bytes big-endian, from 0, +1 a batch), payload]. Replay: a DEALER or
 REQ client sends start_seq (8 bytes); it gets [seq, payload] for every buffered batch from
@@ -18,10 +18,9 @@ from collections import deque
 import zmq
 
 from everybyte.kv.events import AllBlocksCleared, EventLog, KVEvent, coalesce
-from everybyte.serve.kv_events_wire import encode_batch
+from everybyte.kv.events_wire import END_SEQ, encode_batch
 
 log = logging.getLogger("everybyte.serve.kv_events")
-END_SEQ = (-1).to_bytes(8, "big", signed=True)
 _TCP = re.compile(r"^tcp://([^:/]+|\[[0-9a-fA-F:]+\]):(\d{1,5})$")
 
 

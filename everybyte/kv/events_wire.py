@@ -16,6 +16,8 @@ import msgspec
 
 from everybyte.kv import events as ev
 
+# the replay socket's last frame: "no more events after this" (sequence number -1)
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
 BlockHash = Union[bytes, int]          # vLLM's ExternalBlockHash; ours are 16-byte names
 
 

@@ -167,11 +167,13 @@ class KVMemoryManager(SessionOps, BlockManager[KVSequence]):
 
     def poll_loads(self) -> list[KVSequence]:
         """Collect finished loads (name their blocks); returns the sequences now ready to compute."""
+        where: dict[int, tuple[KVSequence, int]] | None = None    # block -> (loading sequence, index)
         for job in self.mover.finished():
-            where = {b: (st.seq, i) for st in self.loading.values() for i, b in enumerate(st.seq.block_table)}
+            if job.loaded and where is None:     # once per poll: the loading sequences do not change in it
+                where = {b: (st.seq, i) for st in self.loading.values() for i, b in enumerate(st.seq.block_table)}
             for i, level in enumerate(job.loaded):
                 b = job.blocks[i]
-                origin = self._origin(*where[b]) if b in where else {"parent": job.names[i - 1] if i else None}
+                origin = self._origin(*where[b]) if where and b in where else {"parent": job.names[i - 1] if i else None}
                 if self.cache.commit(b, job.names[i], job.owner, **origin) == b:
                     self._loaded_from[b] = level
             for level in job.corrupt:

@@ -42,11 +42,29 @@ class EvictionPolicy(ABC):
             self.remove(block_id)
             self.insert(block_id)
 
+    def insert_many(self, block_ids: list[int]) -> None:
+        """insert() each block in turn (a policy may do it faster: the prefix cache's hot path)."""
+        for b in block_ids:
+            self.insert(b)
+
+    def remove_many(self, block_ids: list[int]) -> None:
+        """remove() each block in turn."""
+        for b in block_ids:
+            self.remove(b)
+
     def set_parked(self, block_id: int, expected_return: float | None) -> None:
         """Hook for session-aware policies (None = return time unknown); plain policies ignore it."""
 
     def unpark(self, block_id: int) -> None:
         """The block's session is back (or dropped): ordinary eviction order again."""
+
+    def set_classes(self, block_ids: list[int], ranks: list[float | None]) -> None:
+        """For each block in turn: unpark() where its rank is None, else set_parked() with it."""
+        for b, r in zip(block_ids, ranks):
+            if r is None:
+                self.unpark(b)
+            else:
+                self.set_parked(b, r)
 
     def num_parked(self) -> int:
         return 0
@@ -62,6 +80,18 @@ class LRUPolicy(EvictionPolicy):
 
     def remove(self, block_id: int) -> None:
         self._order.pop(block_id, None)
+
+    def insert_many(self, block_ids: list[int]) -> None:
+        new = dict.fromkeys(block_ids)
+        if len(new) == len(block_ids) and self._order.keys().isdisjoint(new):
+            self._order.update(new)          # distinct new blocks: appended in order, in C
+        else:
+            super().insert_many(block_ids)
+
+    def remove_many(self, block_ids: list[int]) -> None:
+        pop = self._order.pop
+        for b in block_ids:
+            pop(b, None)
 
     def touch(self, block_id: int) -> None:
         if block_id in self._order:
@@ -117,19 +147,56 @@ class ParkedFirst(EvictionPolicy):
             del self._evictable_parked[block_id]
             self.inner.insert(block_id)
 
+    def set_classes(self, block_ids: list[int], ranks: list[float | None]) -> None:
+        # set_parked / unpark inlined (a session parks and unparks all its blocks at once); the
+        # inner policy's removals and insertions are batched (distinct blocks: the same order)
+        ep, parked, inner, heap, tick = self._evictable_parked, self._parked, self.inner, self._heap, self._tick
+        leave: list[int] = []
+        back: list[int] = []
+        for b, r in zip(block_ids, ranks):
+            if r is None:
+                if parked.pop(b, None) is not None and b in ep:
+                    del ep[b]
+                    back.append(b)
+                continue
+            parked[b] = park_rank(r)
+            if b in ep or b in inner:         # evictable: a fresh heap entry (an old one goes stale)
+                if b not in ep:
+                    leave.append(b)
+                t = ep[b] = next(tick)
+                heapq.heappush(heap, (-parked[b], t, b))
+        inner.remove_many(leave)
+        inner.insert_many(back)
+        self._compact()
+
     def insert(self, block_id: int) -> None:
         if block_id in self._parked:
             tick = self._evictable_parked[block_id] = next(self._tick)
             heapq.heappush(self._heap, (-self._parked[block_id], tick, block_id))
-            if len(self._heap) > 2 * len(self._evictable_parked) + 64:
-                self._heap = [e for e in self._heap if self._live(e)]
-                heapq.heapify(self._heap)
+            self._compact()
         else:
             self.inner.insert(block_id)
+
+    def _compact(self) -> None:
+        if len(self._heap) > 2 * len(self._evictable_parked) + 64:    # mostly stale entries
+            self._heap = [e for e in self._heap if self._live(e)]
+            heapq.heapify(self._heap)
 
     def remove(self, block_id: int) -> None:
         if self._evictable_parked.pop(block_id, None) is None:   # else its heap entry goes stale
             self.inner.remove(block_id)
+
+    def insert_many(self, block_ids: list[int]) -> None:
+        if self._parked.keys().isdisjoint(block_ids):     # the common case: no parked block among them
+            self.inner.insert_many(block_ids)
+        else:
+            super().insert_many(block_ids)
+
+    def remove_many(self, block_ids: list[int]) -> None:
+        if self._evictable_parked.keys().isdisjoint(block_ids):
+            self.inner.remove_many(block_ids)
+        else:
+            super().remove_many(block_ids)
 
     def touch(self, block_id: int) -> None:
         if block_id not in self._evictable_parked:

@@ -90,13 +90,12 @@ class PrefixCache(PrefixSessions):
     # ---- lookup and sharing -------------------------------------------------------------------
     def lookup(self, names: Sequence[bytes]) -> list[int]:
         """Device blocks of the longest cached prefix of `names`; changes nothing."""
-        hits: list[int] = []
-        for name in names:
-            b = self.by_name.get(name)
-            if b is None:
-                break
-            hits.append(b)
-        return hits
+        hits: list[int | None] = list(map(self.by_name.get, names))   # in C; misses after the first are cut
+        try:
+            del hits[hits.index(None):]
+        except ValueError:
+            pass
+        return hits  # type: ignore[return-value]
 
     def acquire(self, names: Sequence[bytes], owner: Hashable = ANON) -> list[int]:
         """Take a reference on every block of the longest cached prefix of `names`."""
@@ -104,10 +103,9 @@ class PrefixCache(PrefixSessions):
         self.stats["lookups"] += 1
         self.stats["lookup_blocks"] += len(names)
         self.stats["hit_blocks"] += len(hits)
-        ref, remove, owners_of, own = self.ref, self.policy.remove, self.owners, self._own
-        for b in hits:                        # _ref and _own, inlined: every admission runs this per block
-            if ref[b] == 0:
-                remove(b)
+        ref, owners_of, own = self.ref, self.owners, self._own
+        self.policy.remove_many([b for b in hits if ref[b] == 0])   # _ref, batched: before any _own
+        for b in hits:                        # every admission runs this per block
             ref[b] += 1
             owners = owners_of.get(b)
             if owners is None or (owner not in owners and SHARED not in owners):
@@ -222,19 +220,25 @@ class PrefixCache(PrefixSessions):
     def free(self, block_ids: Sequence[int]) -> None:
         """Drop one reference on each block; pass a block table in order (its tail is freed first,
         so under LRU a sequence's last blocks go before its prefix)."""
-        ref, names, freed_at, insert = self.ref, self.names, self._freed_at, self.policy.insert
-        for b in reversed(block_ids):
-            if ref[b] < 1:
-                raise ValueError(f"block {b} freed more often than taken")
-            ref[b] -= 1
-            if ref[b] == 0:
-                if names[b] is None:
-                    self._forget(b)
-                    self.empty.append(b)
-                else:
-                    self._tick += 1
-                    freed_at[b] = self._tick
-                    insert(b)
+        ref, names, freed_at, tick = self.ref, self.names, self._freed_at, self._tick
+        evictable: list[int] = []             # inserted into the policy in one call, in this order
+        try:
+            for b in reversed(block_ids):
+                r = ref[b]
+                if r < 1:
+                    raise ValueError(f"block {b} freed more often than taken")
+                ref[b] = r - 1
+                if r == 1:
+                    if names[b] is None:
+                        self._forget(b)
+                        self.empty.append(b)
+                    else:
+                        tick += 1
+                        freed_at[b] = tick
+                        evictable.append(b)
+        finally:
+            self._tick = tick
+            self.policy.insert_many(evictable)
 
     def touch(self, block_ids: Iterable[int]) -> None:
         for b in block_ids:

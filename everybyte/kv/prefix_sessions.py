@@ -56,19 +56,24 @@ class PrefixSessions:
         assert all(name is not None for _, name in out), "a session block has no name"
         return out  # type: ignore[return-value]
 
-    def _reclass(self, block_id: int) -> None:
-        """Parked class iff every owner is a parked session; rank = the earliest expected return."""
+    def _rank(self, block_id: int) -> float | None:
+        """Its parked rank (the earliest expected return of its owners) when every owner is a
+        parked session, else None (ordinary class)."""
         owners, parked = self.owners.get(block_id, ()), self.parked
         if len(owners) == 1:                     # the common case, a private block: no generators
             (o,) = owners
-            if o in parked:
-                self.policy.set_parked(block_id, park_rank(parked[o]))
-            else:
-                self.policy.unpark(block_id)
-        elif owners and all(o in self.parked for o in owners):
-            self.policy.set_parked(block_id, min(park_rank(self.parked[o]) for o in owners))
-        else:
+            return park_rank(parked[o]) if o in parked else None
+        if owners and all(o in parked for o in owners):
+            return min(park_rank(parked[o]) for o in owners)
+        return None
+
+    def _reclass(self, block_id: int) -> None:
+        """Parked class iff every owner is a parked session; rank = the earliest expected return."""
+        rank = self._rank(block_id)
+        if rank is None:
             self.policy.unpark(block_id)
+        else:
+            self.policy.set_parked(block_id, rank)
 
     def _session_order(self, session_id: Hashable) -> list[int]:
         """The session's blocks in the order they were freed (keeps tails ahead of prefixes)."""
@@ -82,8 +87,7 @@ class PrefixSessions:
             raise ValueError(f"cannot park session id {session_id!r}")
         self.parked[session_id] = expected_return
         blocks = self._session_order(session_id)
-        for b in blocks:
-            self._reclass(b)
+        self.policy.set_classes(blocks, list(map(self._rank, blocks)))
         return self._named(blocks)
 
     def unpark(self, session_id: Hashable) -> list[tuple[int, bytes]]:
@@ -94,8 +98,7 @@ class PrefixSessions:
             return []
         del self.parked[session_id]
         blocks = self._session_order(session_id)
-        for b in blocks:
-            self._reclass(b)
+        self.policy.set_classes(blocks, list(map(self._rank, blocks)))
         return self._named(blocks)
 
     def drop(self, session_id: Hashable, keep: Callable[[bytes], bool] | None = None) -> list[bytes]:

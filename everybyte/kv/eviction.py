@@ -59,12 +59,24 @@ class EvictionPolicy(ABC):
         """The block's session is back (or dropped): ordinary eviction order again."""
 
     def set_classes(self, block_ids: list[int], ranks: list[float | None]) -> None:
-        """For each block in turn: unpark() where its rank is None, else set_parked() with it."""
+        """For each block in turn: unpark() where its rank is None, else set_parked() with it
+        (ranks as park_rank gives them)."""
         for b, r in zip(block_ids, ranks):
             if r is None:
                 self.unpark(b)
             else:
                 self.set_parked(b, r)
+
+    def unpark_many(self, block_ids: list[int]) -> None:
+        """unpark() each block in turn."""
+        for b in block_ids:
+            self.unpark(b)
+
+    def remove_present(self, block_ids: list[int]) -> set[int]:
+        """Remove those of the blocks it holds; returns them."""
+        present = {b for b in block_ids if b in self}
+        self.remove_many(list(present))
+        return present
 
     def num_parked(self) -> int:
         return 0
@@ -91,6 +103,10 @@ class LRUPolicy(EvictionPolicy):
         pop = self._order.pop
         for b in block_ids:
             pop(b, None)
+
+    def remove_present(self, block_ids: list[int]) -> set[int]:
+        pop = self._order.pop
+        return {b for b in block_ids if pop(b, 0) is None}    # held blocks map to None
 
     def touch(self, block_id: int) -> None:
         if block_id in self._order:
@@ -149,8 +165,8 @@ class ParkedFirst(EvictionPolicy):
     def set_classes(self, block_ids: list[int], ranks: list[float | None]) -> None:
         # set_parked / unpark inlined (a session parks and unparks all its blocks at once); the
         # inner policy's removals and insertions are batched (distinct blocks: the same order)
-        ep, parked, inner, heap, tick = self._evictable_parked, self._parked, self.inner, self._heap, self._tick
-        leave: list[int] = []
+        ep, parked, heap, tick = self._evictable_parked, self._parked, self._heap, self._tick
+        moved = self.inner.remove_present([b for b, r in zip(block_ids, ranks) if r is not None and b not in ep])
         back: list[int] = []
         for b, r in zip(block_ids, ranks):
             if r is None:
@@ -158,15 +174,19 @@ class ParkedFirst(EvictionPolicy):
                     del ep[b]
                     back.append(b)
                 continue
-            parked[b] = park_rank(r)
-            if b in ep or b in inner:         # evictable: a fresh heap entry (an old one goes stale)
-                if b not in ep:
-                    leave.append(b)
+            parked[b] = r
+            if b in ep or b in moved:         # evictable: a fresh heap entry (an old one goes stale)
                 t = ep[b] = next(tick)
-                heapq.heappush(heap, (-parked[b], t, b))
-        inner.remove_many(leave)
-        inner.insert_many(back)
+                heapq.heappush(heap, (-r, t, b))
+        self.inner.insert_many(back)
         self._compact()
+
+    def unpark_many(self, block_ids: list[int]) -> None:
+        pop, ep = self._parked.pop, self._evictable_parked
+        back = [b for b in block_ids if pop(b, None) is not None and b in ep]
+        for b in back:
+            del ep[b]
+        self.inner.insert_many(back)
 
     def insert(self, block_id: int) -> None:
         if block_id in self._parked:

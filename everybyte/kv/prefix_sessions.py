@@ -51,10 +51,9 @@ class PrefixSessions:
 
     def _named(self, blocks: list[int]) -> list[tuple[int, bytes]]:
         """(id, name) of blocks that must have names (a session's blocks)."""
-        names = self.names
-        out = [(b, names[b]) for b in blocks]
-        assert all(name is not None for _, name in out), "a session block has no name"
-        return out  # type: ignore[return-value]
+        names = list(map(self.names.__getitem__, blocks))
+        assert None not in names, "a session block has no name"
+        return list(zip(blocks, names))  # type: ignore[arg-type]
 
     def _rank(self, block_id: int) -> float | None:
         """Its parked rank (the earliest expected return of its owners) when every owner is a
@@ -87,7 +86,9 @@ class PrefixSessions:
             raise ValueError(f"cannot park session id {session_id!r}")
         self.parked[session_id] = expected_return
         blocks = self._session_order(session_id)
-        self.policy.set_classes(blocks, list(map(self._rank, blocks)))
+        rank, owners = park_rank(expected_return), self.owners
+        # a block with one owner has this session as it (its blocks are the ones it owns)
+        self.policy.set_classes(blocks, [rank if len(owners[b]) == 1 else self._rank(b) for b in blocks])
         return self._named(blocks)
 
     def unpark(self, session_id: Hashable) -> list[tuple[int, bytes]]:
@@ -98,7 +99,7 @@ class PrefixSessions:
             return []
         del self.parked[session_id]
         blocks = self._session_order(session_id)
-        self.policy.set_classes(blocks, list(map(self._rank, blocks)))
+        self.policy.unpark_many(blocks)     # it owns them all and is not parked: none is parked-only
         return self._named(blocks)
 
     def drop(self, session_id: Hashable, keep: Callable[[bytes], bool] | None = None) -> list[bytes]:

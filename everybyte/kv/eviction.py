@@ -7,11 +7,12 @@ inner policy (LRU by default) for the rest. Blocks of running requests are never
 """
 from __future__ import annotations
 
-import heapq
 import math
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from itertools import count
+
+from everybyte.kv.parked_runs import ParkedRuns
 
 
 class EvictionPolicy(ABC):
@@ -141,8 +142,8 @@ class ParkedFirst(EvictionPolicy):
     def __init__(self, inner: EvictionPolicy | None = None) -> None:
         self.inner = inner or LRUPolicy()
         self._parked: dict[int, float] = {}      # block id -> expected return, parked blocks only
-        self._evictable_parked: dict[int, int] = {}   # evictable parked block -> its heap entry tick
-        self._heap: list[tuple[float, int, int]] = []
+        self._evictable_parked: dict[int, int] = {}   # evictable parked block -> its tick in _runs
+        self._runs = ParkedRuns()
         self._tick = count()
 
     def set_parked(self, block_id: int, expected_return: float | None) -> None:
@@ -165,9 +166,11 @@ class ParkedFirst(EvictionPolicy):
     def set_classes(self, block_ids: list[int], ranks: list[float | None]) -> None:
         # set_parked / unpark inlined (a session parks and unparks all its blocks at once); the
         # inner policy's removals and insertions are batched (distinct blocks: the same order)
-        ep, parked, heap, tick = self._evictable_parked, self._parked, self._heap, self._tick
+        ep, parked, tick = self._evictable_parked, self._parked, self._tick
         moved = self.inner.remove_present([b for b, r in zip(block_ids, ranks) if r is not None and b not in ep])
         back: list[int] = []
+        run: list[int] = []                   # consecutive ticks, one rank: one entry in _runs
+        run_rank, run_tick = 0.0, 0
         for b, r in zip(block_ids, ranks):
             if r is None:
                 if parked.pop(b, None) is not None and b in ep:
@@ -175,11 +178,17 @@ class ParkedFirst(EvictionPolicy):
                     back.append(b)
                 continue
             parked[b] = r
-            if b in ep or b in moved:         # evictable: a fresh heap entry (an old one goes stale)
+            if b in ep or b in moved:         # evictable: a fresh tick (an old entry goes stale)
                 t = ep[b] = next(tick)
-                heapq.heappush(heap, (-r, t, b))
+                if run and r != run_rank:
+                    self._runs.push(run_rank, run, run_tick)
+                    run = []
+                if not run:
+                    run_rank, run_tick = r, t
+                run.append(b)
+        self._runs.push(run_rank, run, run_tick)
         self.inner.insert_many(back)
-        self._compact()
+        self._runs.compact(ep)
 
     def unpark_many(self, block_ids: list[int]) -> None:
         pop, ep = self._parked.pop, self._evictable_parked
@@ -191,15 +200,10 @@ class ParkedFirst(EvictionPolicy):
     def insert(self, block_id: int) -> None:
         if block_id in self._parked:
             tick = self._evictable_parked[block_id] = next(self._tick)
-            heapq.heappush(self._heap, (-self._parked[block_id], tick, block_id))
-            self._compact()
+            self._runs.push(self._parked[block_id], [block_id], tick)
+            self._runs.compact(self._evictable_parked)
         else:
             self.inner.insert(block_id)
-
-    def _compact(self) -> None:
-        if len(self._heap) > 2 * len(self._evictable_parked) + 64:    # mostly stale entries
-            self._heap = [e for e in self._heap if self._live(e)]
-            heapq.heapify(self._heap)
 
     def remove(self, block_id: int) -> None:
         if self._evictable_parked.pop(block_id, None) is None:   # else its heap entry goes stale
@@ -221,20 +225,16 @@ class ParkedFirst(EvictionPolicy):
         if block_id not in self._evictable_parked:
             self.inner.touch(block_id)
 
-    def _live(self, entry: tuple[float, int, int]) -> bool:
-        return self._evictable_parked.get(entry[2]) == entry[1]
-
     def pop(self) -> int | None:
-        while self._heap:
-            entry = heapq.heappop(self._heap)
-            if self._live(entry):
-                del self._evictable_parked[entry[2]]
-                del self._parked[entry[2]]      # the block leaves; its id will hold other content
-                return entry[2]
-        return self.inner.pop()
+        b = self._runs.pop(self._evictable_parked)
+        if b is None:
+            return self.inner.pop()
+        del self._evictable_parked[b]
+        del self._parked[b]                   # the block leaves; its id will hold other content
+        return b
 
     def order(self) -> list[int]:
-        return [e[2] for e in sorted(e for e in self._heap if self._live(e))] + self.inner.order()
+        return self._runs.order(self._evictable_parked) + self.inner.order()
 
     def num_parked(self) -> int:
         return len(self._evictable_parked)

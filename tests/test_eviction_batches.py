@@ -1,0 +1,147 @@
+"""ParkedFirst's batched calls and its runs of parked blocks (kv/parked_runs) against a plain model
+of the policy it must equal: parked blocks by (latest expected return, tick), then LRU."""
+from __future__ import annotations
+
+import math
+import random
+from collections import OrderedDict
+
+import pytest
+
+from everybyte.kv.eviction import EvictionPolicy, LRUPolicy, ParkedFirst, park_rank
+
+
+class ModelParkedFirst:
+    """The definition, recomputed from scratch at every pop (slow, obviously right)."""
+
+    def __init__(self) -> None:
+        self.rank: dict[int, float] = {}          # parked blocks (evictable or not)
+        self.tick: dict[int, int] = {}            # evictable parked block -> when it was ranked
+        self.lru: OrderedDict[int, None] = OrderedDict()
+        self.t = 0
+
+    def insert(self, b: int) -> None:
+        if b in self.rank:
+            self.t += 1
+            self.tick[b] = self.t
+        else:
+            self.lru[b] = None
+            self.lru.move_to_end(b)
+
+    def remove(self, b: int) -> None:
+        if self.tick.pop(b, None) is None:
+            self.lru.pop(b, None)
+
+    def set_parked(self, b: int, expected: float | None) -> None:
+        evictable = b in self.tick or b in self.lru
+        self.tick.pop(b, None)
+        self.lru.pop(b, None)
+        self.rank[b] = park_rank(expected)
+        if evictable:
+            self.insert(b)
+
+    def unpark(self, b: int) -> None:
+        if self.rank.pop(b, None) is not None and self.tick.pop(b, None) is not None:
+            self.lru[b] = None
+
+    def touch(self, b: int) -> None:
+        if b not in self.tick and b in self.lru:
+            self.lru.move_to_end(b)
+
+    def order(self) -> list[int]:
+        return sorted(self.tick, key=lambda b: (-self.rank[b], self.tick[b])) + list(self.lru)
+
+    def pop(self) -> int | None:
+        order = self.order()
+        if not order:
+            return None
+        b = order[0]
+        if b in self.tick:
+            del self.tick[b], self.rank[b]
+        else:
+            del self.lru[b]
+        return b
+
+
+RANKS = [None, 1.0, 2.0, 2.0, 5.0, math.inf]
+
+
+def _step(rng: random.Random, real: EvictionPolicy, model: ModelParkedFirst) -> None:
+    op = rng.randrange(11)
+    blocks = rng.sample(range(40), rng.randint(1, 12))
+    b = blocks[0]
+    if op == 0:
+        real.insert(b)
+        model.insert(b)
+    elif op == 1:
+        real.remove(b)
+        model.remove(b)
+    elif op == 2:
+        r = rng.choice(RANKS)
+        real.set_parked(b, r)
+        model.set_parked(b, r)
+    elif op == 3:
+        real.unpark(b)
+        model.unpark(b)
+    elif op == 4:
+        real.touch(b)
+        model.touch(b)
+    elif op == 5:
+        assert real.pop() == model.pop()
+    elif op == 6:
+        ranks = [None if r is None else park_rank(r) for r in (rng.choice(RANKS) for _ in blocks)]
+        if rng.random() < 0.5:
+            ranks = [ranks[0]] * len(blocks)     # a whole session parked at once: one run
+        real.set_classes(blocks, ranks)
+        for x, r in zip(blocks, ranks):
+            model.unpark(x) if r is None else model.set_parked(x, r)
+    elif op == 7:
+        real.unpark_many(blocks)
+        for x in blocks:
+            model.unpark(x)
+    elif op == 8:
+        real.insert_many(blocks)
+        for x in blocks:
+            model.insert(x)
+    elif op == 9:
+        real.remove_many(blocks)
+        for x in blocks:
+            model.remove(x)
+    else:
+        for _ in range(rng.randint(1, 6)):
+            assert real.pop() == model.pop()
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_parked_first_equals_its_definition(seed):
+    rng = random.Random(seed)
+    real, model = ParkedFirst(LRUPolicy()), ModelParkedFirst()
+    for _ in range(3000):
+        _step(rng, real, model)
+        assert real.order() == model.order()
+        assert len(real) == len(model.tick) + len(model.lru)
+        assert real.num_parked() == len(model.tick)
+    while (b := model.pop()) is not None:           # drains in the same order
+        assert real.pop() == b
+    assert real.pop() is None and len(real) == 0
+
+
+def test_lru_batches_equal_single_calls():
+    rng = random.Random(1)
+    a, b = LRUPolicy(), LRUPolicy()
+    for _ in range(2000):
+        blocks = rng.sample(range(30), rng.randint(1, 8))
+        if rng.random() < 0.5:
+            a.insert_many(blocks)
+            for x in blocks:
+                b.insert(x)
+        elif rng.random() < 0.5:
+            a.remove_many(blocks)
+            for x in blocks:
+                b.remove(x)
+        else:
+            held = {x for x in blocks if x in b}
+            assert a.remove_present(blocks) == held
+            for x in held:
+                b.remove(x)
+        assert a.order() == b.order()

@@ -66,47 +66,32 @@ class ModelParkedFirst:
 RANKS = [None, 1.0, 2.0, 2.0, 5.0, math.inf]
 
 
+SINGLE = ("insert", "remove", "unpark", "touch")
+BATCHED = {"insert_many": "insert", "remove_many": "remove", "unpark_many": "unpark"}
+
+
 def _step(rng: random.Random, real: EvictionPolicy, model: ModelParkedFirst) -> None:
-    op = rng.randrange(11)
+    op = rng.randrange(10)
     blocks = rng.sample(range(40), rng.randint(1, 12))
-    b = blocks[0]
-    if op == 0:
-        real.insert(b)
-        model.insert(b)
-    elif op == 1:
-        real.remove(b)
-        model.remove(b)
-    elif op == 2:
+    if op < len(SINGLE):
+        getattr(real, SINGLE[op])(blocks[0])
+        getattr(model, SINGLE[op])(blocks[0])
+    elif op < 7:
+        name = list(BATCHED)[op - len(SINGLE)]
+        getattr(real, name)(blocks)
+        for x in blocks:
+            getattr(model, BATCHED[name])(x)
+    elif op == 7:
         r = rng.choice(RANKS)
-        real.set_parked(b, r)
-        model.set_parked(b, r)
-    elif op == 3:
-        real.unpark(b)
-        model.unpark(b)
-    elif op == 4:
-        real.touch(b)
-        model.touch(b)
-    elif op == 5:
-        assert real.pop() == model.pop()
-    elif op == 6:
+        real.set_parked(blocks[0], r)
+        model.set_parked(blocks[0], r)
+    elif op == 8:
         ranks = [None if r is None else park_rank(r) for r in (rng.choice(RANKS) for _ in blocks)]
         if rng.random() < 0.5:
             ranks = [ranks[0]] * len(blocks)     # a whole session parked at once: one run
         real.set_classes(blocks, ranks)
         for x, r in zip(blocks, ranks):
             model.unpark(x) if r is None else model.set_parked(x, r)
-    elif op == 7:
-        real.unpark_many(blocks)
-        for x in blocks:
-            model.unpark(x)
-    elif op == 8:
-        real.insert_many(blocks)
-        for x in blocks:
-            model.insert(x)
-    elif op == 9:
-        real.remove_many(blocks)
-        for x in blocks:
-            model.remove(x)
     else:
         for _ in range(rng.randint(1, 6)):
             assert real.pop() == model.pop()

@@ -36,14 +36,19 @@ class PrefixSessions:
     _forget: Callable[[int], bytes | None]   # the host class's
 
     def _own(self, block_id: int, owner: Hashable) -> None:
-        owners = self.owners.setdefault(block_id, set())
-        if owner in owners or SHARED in owners:
+        owners = self.owners.get(block_id)    # (not setdefault: it builds a set on every call)
+        if owners is None:
+            owners = self.owners[block_id] = set()
+        elif owner in owners or SHARED in owners:
             return
         if len(owners) >= self.max_owners:
             owner = SHARED
         owners.add(owner)
         if owner is not ANON and owner is not SHARED:
-            self.session_blocks.setdefault(owner, set()).add(block_id)
+            blocks = self.session_blocks.get(owner)
+            if blocks is None:
+                blocks = self.session_blocks[owner] = set()
+            blocks.add(block_id)
         if owner in self.parked:
             self._reclass(block_id)
         else:

@@ -9,6 +9,7 @@ from collections import OrderedDict
 import pytest
 
 from everybyte.kv.eviction import EvictionPolicy, LRUPolicy, ParkedFirst, park_rank
+from everybyte.kv.prefix_cache import PrefixCache
 
 
 class ModelParkedFirst:
@@ -130,3 +131,40 @@ def test_lru_batches_equal_single_calls():
             for x in held:
                 b.remove(x)
         assert a.order() == b.order()
+
+
+def _history(c: PrefixCache, rng: random.Random) -> None:
+    """Sessions taking, naming, freeing, parking and unparking blocks; chains share prefixes."""
+    held: list[list[int]] = []
+    for _ in range(80):
+        op, session = rng.randrange(4), rng.choice(["A", "B", "C"])
+        if op == 0 and c.num_free_blocks >= 4:
+            names = [bytes([rng.randrange(3), i]) for i in range(rng.randint(1, 4))]
+            hits = c.acquire(names, session)
+            fresh = c.allocate(len(names) - len(hits))
+            for b, name in zip(fresh, names[len(hits):]):
+                c.commit(b, name, session)
+            held.append(hits + fresh)
+        elif op == 1 and held:
+            c.free(held.pop(rng.randrange(len(held))))
+        elif op == 2:
+            c.park(session, rng.choice([None, 1.0, 5.0]))
+        else:
+            c.unpark(session)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_refresh_is_acquire_then_free(seed):
+    pinned, refreshed = PrefixCache(24), PrefixCache(24)
+    for c in (pinned, refreshed):
+        rng = random.Random(seed)
+        _history(c, rng)
+        names, owner = [bytes([rng.randrange(3), i]) for i in range(4)], rng.choice(["A", "B", "D"])
+    hits = pinned.acquire(names, owner)
+    pinned.free(hits)
+    assert refreshed.refresh(names, owner) == hits
+    def state(c: PrefixCache) -> list:
+        return [c.stats, c.owners, c.session_blocks, c._freed_at, c.ref, c.evictable_order(), c.counts()]
+
+    assert state(pinned) == state(refreshed)
+    assert pinned.evict(24) == refreshed.evict(24)

@@ -99,18 +99,40 @@ class PrefixCache(PrefixSessions):
 
     def acquire(self, names: Sequence[bytes], owner: Hashable = ANON) -> list[int]:
         """Take a reference on every block of the longest cached prefix of `names`."""
+        hits, _ = self._claim(names, owner)
+        ref = self.ref
+        for b in hits:
+            ref[b] += 1
+        return hits
+
+    def refresh(self, names: Sequence[bytes], owner: Hashable = ANON) -> list[int]:
+        """acquire() and at once free() the hits: the same counts, owners and eviction order
+        (each unreferenced hit goes back as just freed, the tail first), no references taken."""
+        hits, idle = self._claim(names, owner)
+        idle.reverse()
+        freed_at, tick = self._freed_at, self._tick
+        for b in idle:
+            tick += 1
+            freed_at[b] = tick
+        self._tick = tick
+        self.policy.insert_many(idle)
+        return hits
+
+    def _claim(self, names: Sequence[bytes], owner: Hashable) -> tuple[list[int], list[int]]:
+        """The hits of acquire() and those of them unreferenced until now (out of the policy), with
+        `owner` among the users of each; references are the caller's to take."""
         hits = self.lookup(names)
         self.stats["lookups"] += 1
         self.stats["lookup_blocks"] += len(names)
         self.stats["hit_blocks"] += len(hits)
         ref, owners_of, own = self.ref, self.owners, self._own
-        self.policy.remove_many([b for b in hits if ref[b] == 0])   # _ref, batched: before any _own
+        idle = [b for b in hits if ref[b] == 0]
+        self.policy.remove_many(idle)         # out of the policy before any _own reclasses them
         for b in hits:                        # every admission runs this per block
-            ref[b] += 1
             owners = owners_of.get(b)
             if owners is None or (owner not in owners and SHARED not in owners):
                 own(b, owner)
-        return hits
+        return hits, idle
 
     def share(self, block_ids: Sequence[int]) -> None:
         """One more reference on blocks already in use (e.g. one that a load is filling)."""

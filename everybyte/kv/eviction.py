@@ -7,11 +7,12 @@ inner policy (LRU by default) for the rest. Blocks of running requests are never
 """
 from __future__ import annotations
 
-import heapq
 import math
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from itertools import count
+
+from everybyte.kv.parked_runs import ParkedRuns
 
 
 class EvictionPolicy(ABC):
@@ -42,11 +43,41 @@ class EvictionPolicy(ABC):
             self.remove(block_id)
             self.insert(block_id)
 
+    def insert_many(self, block_ids: list[int]) -> None:
+        """insert() each block in turn (a policy may do it faster: the prefix cache's hot path)."""
+        for b in block_ids:
+            self.insert(b)
+
+    def remove_many(self, block_ids: list[int]) -> None:
+        """remove() each block in turn."""
+        for b in block_ids:
+            self.remove(b)
+
     def set_parked(self, block_id: int, expected_return: float | None) -> None:
         """Hook for session-aware policies (None = return time unknown); plain policies ignore it."""
 
     def unpark(self, block_id: int) -> None:
         """The block's session is back (or dropped): ordinary eviction order again."""
+
+    def set_classes(self, block_ids: list[int], ranks: list[float | None]) -> None:
+        """For each block in turn: unpark() where its rank is None, else set_parked() with it
+        (ranks as park_rank gives them)."""
+        for b, r in zip(block_ids, ranks):
+            if r is None:
+                self.unpark(b)
+            else:
+                self.set_parked(b, r)
+
+    def unpark_many(self, block_ids: list[int]) -> None:
+        """unpark() each block in turn."""
+        for b in block_ids:
+            self.unpark(b)
+
+    def remove_present(self, block_ids: list[int]) -> set[int]:
+        """Remove those of the blocks it holds; returns them."""
+        present = {b for b in block_ids if b in self}
+        self.remove_many(list(present))
+        return present
 
     def num_parked(self) -> int:
         return 0
@@ -62,6 +93,21 @@ class LRUPolicy(EvictionPolicy):
 
     def remove(self, block_id: int) -> None:
         self._order.pop(block_id, None)
+
+    def insert_many(self, block_ids: list[int]) -> None:
+        order, to_end = self._order, self._order.move_to_end     # (OrderedDict.update is slower)
+        for b in block_ids:
+            order[b] = None
+            to_end(b)
+
+    def remove_many(self, block_ids: list[int]) -> None:
+        pop = self._order.pop
+        for b in block_ids:
+            pop(b, None)
+
+    def remove_present(self, block_ids: list[int]) -> set[int]:
+        pop = self._order.pop
+        return {b for b in block_ids if pop(b, 0) is None}    # held blocks map to None
 
     def touch(self, block_id: int) -> None:
         if block_id in self._order:
@@ -96,8 +142,8 @@ class ParkedFirst(EvictionPolicy):
     def __init__(self, inner: EvictionPolicy | None = None) -> None:
         self.inner = inner or LRUPolicy()
         self._parked: dict[int, float] = {}      # block id -> expected return, parked blocks only
-        self._evictable_parked: dict[int, int] = {}   # evictable parked block -> its heap entry tick
-        self._heap: list[tuple[float, int, int]] = []
+        self._evictable_parked: dict[int, int] = {}   # evictable parked block -> its tick in _runs
+        self._runs = ParkedRuns()
         self._tick = count()
 
     def set_parked(self, block_id: int, expected_return: float | None) -> None:
@@ -117,13 +163,45 @@ class ParkedFirst(EvictionPolicy):
             del self._evictable_parked[block_id]
             self.inner.insert(block_id)
 
+    def set_classes(self, block_ids: list[int], ranks: list[float | None]) -> None:
+        # set_parked / unpark inlined (a session parks and unparks all its blocks at once); the
+        # inner policy's removals and insertions are batched (distinct blocks: the same order)
+        ep, parked, tick = self._evictable_parked, self._parked, self._tick
+        moved = self.inner.remove_present([b for b, r in zip(block_ids, ranks) if r is not None and b not in ep])
+        back: list[int] = []
+        run: list[int] = []                   # consecutive ticks, one rank: one entry in _runs
+        run_rank, run_tick = 0.0, 0
+        for b, r in zip(block_ids, ranks):
+            if r is None:
+                if parked.pop(b, None) is not None and b in ep:
+                    del ep[b]
+                    back.append(b)
+                continue
+            parked[b] = r
+            if b in ep or b in moved:         # evictable: a fresh tick (an old entry goes stale)
+                t = ep[b] = next(tick)
+                if run and r != run_rank:
+                    self._runs.push(run_rank, run, run_tick)
+                    run = []
+                if not run:
+                    run_rank, run_tick = r, t
+                run.append(b)
+        self._runs.push(run_rank, run, run_tick)
+        self.inner.insert_many(back)
+        self._runs.compact(ep)
+
+    def unpark_many(self, block_ids: list[int]) -> None:
+        pop, ep = self._parked.pop, self._evictable_parked
+        back = [b for b in block_ids if pop(b, None) is not None and b in ep]
+        for b in back:
+            del ep[b]
+        self.inner.insert_many(back)
+
     def insert(self, block_id: int) -> None:
         if block_id in self._parked:
             tick = self._evictable_parked[block_id] = next(self._tick)
-            heapq.heappush(self._heap, (-self._parked[block_id], tick, block_id))
-            if len(self._heap) > 2 * len(self._evictable_parked) + 64:
-                self._heap = [e for e in self._heap if self._live(e)]
-                heapq.heapify(self._heap)
+            self._runs.push(self._parked[block_id], [block_id], tick)
+            self._runs.compact(self._evictable_parked)
         else:
             self.inner.insert(block_id)
 
@@ -131,24 +209,32 @@ class ParkedFirst(EvictionPolicy):
         if self._evictable_parked.pop(block_id, None) is None:   # else its heap entry goes stale
             self.inner.remove(block_id)
 
+    def insert_many(self, block_ids: list[int]) -> None:
+        if self._parked.keys().isdisjoint(block_ids):     # the common case: no parked block among them
+            self.inner.insert_many(block_ids)
+        else:
+            super().insert_many(block_ids)
+
+    def remove_many(self, block_ids: list[int]) -> None:
+        if self._evictable_parked.keys().isdisjoint(block_ids):
+            self.inner.remove_many(block_ids)
+        else:
+            super().remove_many(block_ids)
+
     def touch(self, block_id: int) -> None:
         if block_id not in self._evictable_parked:
             self.inner.touch(block_id)
 
-    def _live(self, entry: tuple[float, int, int]) -> bool:
-        return self._evictable_parked.get(entry[2]) == entry[1]
-
     def pop(self) -> int | None:
-        while self._heap:
-            entry = heapq.heappop(self._heap)
-            if self._live(entry):
-                del self._evictable_parked[entry[2]]
-                del self._parked[entry[2]]      # the block leaves; its id will hold other content
-                return entry[2]
-        return self.inner.pop()
+        b = self._runs.pop(self._evictable_parked)
+        if b is None:
+            return self.inner.pop()
+        del self._evictable_parked[b]
+        del self._parked[b]                   # the block leaves; its id will hold other content
+        return b
 
     def order(self) -> list[int]:
-        return [e[2] for e in sorted(e for e in self._heap if self._live(e))] + self.inner.order()
+        return self._runs.order(self._evictable_parked) + self.inner.order()
 
     def num_parked(self) -> int:
         return len(self._evictable_parked)

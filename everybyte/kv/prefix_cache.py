@@ -90,29 +90,49 @@ class PrefixCache(PrefixSessions):
     # ---- lookup and sharing -------------------------------------------------------------------
     def lookup(self, names: Sequence[bytes]) -> list[int]:
         """Device blocks of the longest cached prefix of `names`; changes nothing."""
-        hits: list[int] = []
-        for name in names:
-            b = self.by_name.get(name)
-            if b is None:
-                break
-            hits.append(b)
-        return hits
+        hits: list[int | None] = list(map(self.by_name.get, names))   # in C; misses after the first are cut
+        try:
+            del hits[hits.index(None):]
+        except ValueError:
+            pass
+        return hits  # type: ignore[return-value]
 
     def acquire(self, names: Sequence[bytes], owner: Hashable = ANON) -> list[int]:
         """Take a reference on every block of the longest cached prefix of `names`."""
+        hits, _ = self._claim(names, owner)
+        ref = self.ref
+        for b in hits:
+            ref[b] += 1
+        return hits
+
+    def refresh(self, names: Sequence[bytes], owner: Hashable = ANON) -> list[int]:
+        """acquire() and at once free() the hits: the same counts, owners and eviction order
+        (each unreferenced hit goes back as just freed, the tail first), no references taken."""
+        hits, idle = self._claim(names, owner)
+        idle.reverse()
+        freed_at, tick = self._freed_at, self._tick
+        for b in idle:
+            tick += 1
+            freed_at[b] = tick
+        self._tick = tick
+        self.policy.insert_many(idle)
+        return hits
+
+    def _claim(self, names: Sequence[bytes], owner: Hashable) -> tuple[list[int], list[int]]:
+        """The hits of acquire() and those of them unreferenced until now (out of the policy), with
+        `owner` among the users of each; references are the caller's to take."""
         hits = self.lookup(names)
         self.stats["lookups"] += 1
         self.stats["lookup_blocks"] += len(names)
         self.stats["hit_blocks"] += len(hits)
-        ref, remove, owners_of, own = self.ref, self.policy.remove, self.owners, self._own
-        for b in hits:                        # _ref and _own, inlined: every admission runs this per block
-            if ref[b] == 0:
-                remove(b)
-            ref[b] += 1
+        ref, owners_of, own = self.ref, self.owners, self._own
+        idle = [b for b in hits if ref[b] == 0]
+        self.policy.remove_many(idle)         # out of the policy before any _own reclasses them
+        for b in hits:                        # every admission runs this per block
             owners = owners_of.get(b)
             if owners is None or (owner not in owners and SHARED not in owners):
                 own(b, owner)
-        return hits
+        return hits, idle
 
     def share(self, block_ids: Sequence[int]) -> None:
         """One more reference on blocks already in use (e.g. one that a load is filling)."""
@@ -222,19 +242,25 @@ class PrefixCache(PrefixSessions):
     def free(self, block_ids: Sequence[int]) -> None:
         """Drop one reference on each block; pass a block table in order (its tail is freed first,
         so under LRU a sequence's last blocks go before its prefix)."""
-        ref, names, freed_at, insert = self.ref, self.names, self._freed_at, self.policy.insert
-        for b in reversed(block_ids):
-            if ref[b] < 1:
-                raise ValueError(f"block {b} freed more often than taken")
-            ref[b] -= 1
-            if ref[b] == 0:
-                if names[b] is None:
-                    self._forget(b)
-                    self.empty.append(b)
-                else:
-                    self._tick += 1
-                    freed_at[b] = self._tick
-                    insert(b)
+        ref, names, freed_at, tick = self.ref, self.names, self._freed_at, self._tick
+        evictable: list[int] = []             # inserted into the policy in one call, in this order
+        try:
+            for b in reversed(block_ids):
+                r = ref[b]
+                if r < 1:
+                    raise ValueError(f"block {b} freed more often than taken")
+                ref[b] = r - 1
+                if r == 1:
+                    if names[b] is None:
+                        self._forget(b)
+                        self.empty.append(b)
+                    else:
+                        tick += 1
+                        freed_at[b] = tick
+                        evictable.append(b)
+        finally:
+            self._tick = tick
+            self.policy.insert_many(evictable)
 
     def touch(self, block_ids: Iterable[int]) -> None:
         for b in block_ids:

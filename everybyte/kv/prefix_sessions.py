@@ -36,14 +36,19 @@ class PrefixSessions:
     _forget: Callable[[int], bytes | None]   # the host class's
 
     def _own(self, block_id: int, owner: Hashable) -> None:
-        owners = self.owners.setdefault(block_id, set())
-        if owner in owners or SHARED in owners:
+        owners = self.owners.get(block_id)    # (not setdefault: it builds a set on every call)
+        if owners is None:
+            owners = self.owners[block_id] = set()
+        elif owner in owners or SHARED in owners:
             return
         if len(owners) >= self.max_owners:
             owner = SHARED
         owners.add(owner)
         if owner is not ANON and owner is not SHARED:
-            self.session_blocks.setdefault(owner, set()).add(block_id)
+            blocks = self.session_blocks.get(owner)
+            if blocks is None:
+                blocks = self.session_blocks[owner] = set()
+            blocks.add(block_id)
         if owner in self.parked:
             self._reclass(block_id)
         else:
@@ -51,24 +56,28 @@ class PrefixSessions:
 
     def _named(self, blocks: list[int]) -> list[tuple[int, bytes]]:
         """(id, name) of blocks that must have names (a session's blocks)."""
-        names = self.names
-        out = [(b, names[b]) for b in blocks]
-        assert all(name is not None for _, name in out), "a session block has no name"
-        return out  # type: ignore[return-value]
+        names = list(map(self.names.__getitem__, blocks))
+        assert None not in names, "a session block has no name"
+        return list(zip(blocks, names))  # type: ignore[arg-type]
 
-    def _reclass(self, block_id: int) -> None:
-        """Parked class iff every owner is a parked session; rank = the earliest expected return."""
+    def _rank(self, block_id: int) -> float | None:
+        """Its parked rank (the earliest expected return of its owners) when every owner is a
+        parked session, else None (ordinary class)."""
         owners, parked = self.owners.get(block_id, ()), self.parked
         if len(owners) == 1:                     # the common case, a private block: no generators
             (o,) = owners
-            if o in parked:
-                self.policy.set_parked(block_id, park_rank(parked[o]))
-            else:
-                self.policy.unpark(block_id)
-        elif owners and all(o in self.parked for o in owners):
-            self.policy.set_parked(block_id, min(park_rank(self.parked[o]) for o in owners))
-        else:
+            return park_rank(parked[o]) if o in parked else None
+        if owners and all(o in parked for o in owners):
+            return min(park_rank(parked[o]) for o in owners)
+        return None
+
+    def _reclass(self, block_id: int) -> None:
+        """Parked class iff every owner is a parked session; rank = the earliest expected return."""
+        rank = self._rank(block_id)
+        if rank is None:
             self.policy.unpark(block_id)
+        else:
+            self.policy.set_parked(block_id, rank)
 
     def _session_order(self, session_id: Hashable) -> list[int]:
         """The session's blocks in the order they were freed (keeps tails ahead of prefixes)."""
@@ -82,8 +91,9 @@ class PrefixSessions:
             raise ValueError(f"cannot park session id {session_id!r}")
         self.parked[session_id] = expected_return
         blocks = self._session_order(session_id)
-        for b in blocks:
-            self._reclass(b)
+        rank, owners = park_rank(expected_return), self.owners
+        # a block with one owner has this session as it (its blocks are the ones it owns)
+        self.policy.set_classes(blocks, [rank if len(owners[b]) == 1 else self._rank(b) for b in blocks])
         return self._named(blocks)
 
     def unpark(self, session_id: Hashable) -> list[tuple[int, bytes]]:
@@ -94,8 +104,7 @@ class PrefixSessions:
             return []
         del self.parked[session_id]
         blocks = self._session_order(session_id)
-        for b in blocks:
-            self._reclass(b)
+        self.policy.unpark_many(blocks)     # it owns them all and is not parked: none is parked-only
         return self._named(blocks)
 
     def drop(self, session_id: Hashable, keep: Callable[[bytes], bool] | None = None) -> list[bytes]:

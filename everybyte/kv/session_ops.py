@@ -51,6 +51,10 @@ class SessionOps:
         s = self.sessions.touch(session_id)
         self.cache.unpark(session_id)
         self.expire_sessions(keep=session_id)
+        if not self.tiers:                    # nothing to load (no tier): the hits need no pin
+            self.cache.refresh(s.names, session_id)
+            self._flush()
+            return 0
         hits = self.cache.acquire(s.names, session_id)     # pinned while blocks for the rest are taken
         start = len(hits) + len(self.mover.in_flight(s.names[len(hits):]))
         missing = s.names[start:]

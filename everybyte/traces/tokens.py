@@ -39,11 +39,14 @@ _U_A = np.uint64(_A)
 _C = [np.uint64(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB, 30, 27, 31)]
 
 
-def _mix_u64(x: np.ndarray) -> np.ndarray:    # _mix over a uint64 array (multiplication wraps mod 2**64)
-    x = x + _C[0]
-    x = (x ^ (x >> _C[3])) * _C[1]
-    x = (x ^ (x >> _C[4])) * _C[2]
-    return x ^ (x >> _C[5])
+def _mix_u64(x: np.ndarray) -> np.ndarray:    # _mix over a uint64 array, in place (multiplication wraps mod 2**64)
+    x += _C[0]
+    x ^= x >> _C[3]
+    x *= _C[1]
+    x ^= x >> _C[4]
+    x *= _C[2]
+    x ^= x >> _C[5]
+    return x
 
 
 class TokenSpace:
@@ -81,17 +84,24 @@ class SessionPrompts:
         if end <= start:
             return []
         s = np.arange(start, end, dtype=np.int64)
-        block = np.maximum((s * sc.token_scale).astype(np.int64), rec_a) // bs    # int(s * scale)
-        h, u = turn.hash_ids, s.astype(np.uint64)
-        hashed = block < len(h)
-        if hashed.any():
-            ids = np.array([x & _M64 for x in h], dtype=np.uint64)[np.minimum(block, len(h) - 1)]
-            x = np.where(hashed, ids * _U_A + u, np.uint64(((-1 - k) * _A) & _M64) + u)
-        else:
-            x = np.uint64(((-1 - k) * _A) & _M64) + u
-        ns = np.where(hashed, np.uint64(self.ns_blocks), np.uint64(self.ns_unique))
-        span = np.uint64(self.space.high - self.space.low)
-        return (_mix_u64(ns ^ _mix_u64(x)) % span + np.uint64(self.space.low)).tolist()
+        pos = s if sc.token_scale == 1.0 else (s * sc.token_scale).astype(np.int64)   # int(s * scale)
+        block = np.maximum(pos, rec_a) // bs              # non-decreasing: the hashed ones come first
+        h = turn.hash_ids
+        m = int(np.searchsorted(block, len(h)))           # positions in hashed blocks (block < len(h))
+        x = np.empty(len(s), dtype=np.uint64)
+        if m:
+            lo = int(block[0])
+            ids = np.array([v & _M64 for v in h[lo:int(block[m - 1]) + 1]], dtype=np.uint64)
+            x[:m] = ids[block[:m] - lo] * _U_A
+        x[m:] = ((-1 - k) * _A) & _M64
+        x += s.view(np.uint64)                            # s >= 0: the same bits
+        x = _mix_u64(x)
+        x[:m] ^= np.uint64(self.ns_blocks)
+        x[m:] ^= np.uint64(self.ns_unique)
+        x = _mix_u64(x)
+        x %= np.uint64(self.space.high - self.space.low)
+        x += np.uint64(self.space.low)
+        return x.tolist()
 
     def filler(self, k: int, n: int) -> list[int]:
         """Stand-in ids for turn k's output when the server's own cannot be had."""
@@ -131,8 +141,9 @@ class SessionPrompts:
         new = self.content(k, rec, turn.input_tokens, want) if full else []
         if not base and not new:
             new = [self.space.token(self.ns_unique, -1 - k, 0)]
-        ids = base + new
-        spans.append((rec, max(rec, turn.input_tokens), len(base), len(ids), "in", k))
+        spans.append((rec, max(rec, turn.input_tokens), len(base), len(base) + len(new), "in", k))
+        ids = base                          # a fresh list in every branch above: extended, not copied
+        ids += new
         ids[:MARKER_LEN] = self.marker[:min(MARKER_LEN, len(ids))]
         self.prompts[k], self.spans[k] = ids, spans
         return ids

@@ -1,8 +1,8 @@
 """KV-aware routing in the simulator with the cluster router's own code: the KV index
 (cluster/kv_index) fed by the simulated workers' KV events, the policy (cluster/policy: Dynamo's
 cost and the home rule) and the router's bookkeeping (cluster/decide). Only the transport
-differs: each worker's memory manager publishes its events (`KVMemoryManager.kv_events`, what
-`serve --kv-events` publishes) straight into the index at the virtual time they happen, and its
+differs: each worker's memory manager records its events (`KVMemoryManager.kv_events`, what
+`serve --kv-events` publishes) and the router applies them, in order, before each decision, and its
 load and speeds (TierSet.speeds, what serve/kv_info answers) are read when a request is routed
 instead of polled each second.
 """
@@ -14,11 +14,9 @@ from typing import Any
 from everybyte.cluster.decide import Decider, Plan
 from everybyte.cluster.policy import Policy
 from everybyte.cluster.worker_state import Worker
-from everybyte.kv.events import KVEvent
+from everybyte.kv.events import EventLog
 from everybyte.sim.runner import SimRequest
 from everybyte.sim.worker import SimWorker
-
-DRAIN_EVERY = 4096                # events kept in a worker's EventLog before it is emptied
 
 
 @dataclass(eq=False)
@@ -48,6 +46,7 @@ class FleetRouter:
         self.index_of = {v.url: i for i, v in enumerate(self.views)}
         self.plans: dict[str, Plan] = {}             # request id -> its plan, until it finishes
         self.events = 0
+        self._logs: list[tuple[str, EventLog]] = []
         for w, v in zip(workers, self.views):
             v.refresh()
             self.decider.index.add_worker(v.url, v.digest)
@@ -56,16 +55,19 @@ class FleetRouter:
             w.core.on_finish = self._finished
 
     def _subscribe(self, w: SimWorker, url: str) -> None:
-        index, pending = self.decider.index, [0]
+        # the index is read only when routing: a worker's events wait in its EventLog, in order,
+        # and go in as one drained batch then, as the real publisher drains it (the same index at
+        # every decision; applying each event as it happened was a quarter of a fleet run)
+        self._logs.append((url, w.memory.kv_events()))
 
-        def publish(e: KVEvent) -> None:
-            index.apply(url, (e,))
-            self.events += 1
-            pending[0] += 1
-            if pending[0] >= DRAIN_EVERY:            # nobody else reads the log: keep it from growing
-                pending[0] = 0
-                log.drain()
-        log = w.memory.kv_events(publish)
+    def flush(self) -> None:
+        """Apply every worker's waiting KV events to the index (before it is read)."""
+        index = self.decider.index
+        for url, log in self._logs:
+            events = log.drain().events
+            if events:
+                index.apply(url, events)
+                self.events += len(events)
 
     def _observer(self, view: SimWorkerView):
         def observe(sched, res) -> None:
@@ -91,6 +93,7 @@ class FleetRouter:
             self.decider.end(plan)
 
     def candidates(self, roles: tuple[str, ...] = ("both", "decode"), digest: str | None = None) -> list[SimWorkerView]:
+        self.flush()
         out = [v for v in self.views if v.role_name in roles and (digest is None or v.digest == digest)]
         for v in out:
             v.refresh()
@@ -109,6 +112,7 @@ class FleetRouter:
         return self.begin(self.plan(req.prompt, req.session_id), req.request_id)
 
     def describe(self) -> dict[str, Any]:
+        self.flush()
         return {"policy": self.decider.policy.name, "kv_events_applied": self.decider.index.events_applied,
                 "roles": [v.role_name for v in self.views]}
 

@@ -95,13 +95,6 @@ def test_a_new_session_leaves_a_worker_holding_far_more_kv():
     assert pol.choose(req, [first, other]).worker is other
     other.cached_blocks = 60                        # balanced enough again
     assert pol.choose(req, [first, other]).worker is first
-    # no prefix cached anywhere: the worker holding the least KV (parked sessions' blocks count:
-    # they come back), not cost's fewest active blocks
-    idle_but_full, busy = _worker("full"), _worker("busy", active=10)
-    idle_but_full.cached_blocks = 60                # under the 4x balance rule (4 x 10 + 45)
-    fresh = Request(180, 4, new_session=True)
-    assert kv_cost(fresh, idle_but_full, 1.0) < kv_cost(fresh, busy, 1.0)
-    assert pol.choose(fresh, [idle_but_full, busy]).worker is busy
     # a turn of a known session is not moved by the balance rule
     first.cached_blocks, other.cached_blocks = 100, 0
     assert pol.choose(Request(180, 4, {"first": Overlap(40, 40, 40, 40)}, session_worker="first"),

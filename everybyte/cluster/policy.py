@@ -109,14 +109,12 @@ class Policy:
         w, cost = candidates[i], best
         home = self._home(req, candidates)
         if home is None and req.new_session:
-            # a new session stays where its turns will follow: with no prefix cached anywhere it
-            # goes to the worker holding the least KV (cost sees only active blocks, but sessions
-            # parked in a tool call come back); with one, if cost picked a worker holding far more
-            # KV than the lightest (BALANCE_REL), to the lightest, or a prefix every session shares
-            # (a system prompt the first worker computed) would gather all of them on that worker
+            # a new session stays where its turns will follow: if cost picked a worker holding far
+            # more KV than the lightest (BALANCE_REL), it goes to the lightest
+            # instead, or a prefix every session shares (a system prompt the first worker computed)
+            # would gather all of them on that worker, as cost alone does at light load
             held = [c.cached_blocks + c.active_blocks for c in candidates]
-            cached = [req.overlaps.get(c.url, Overlap()).total for c in candidates]
-            if not any(cached) or held[i] > BALANCE_REL * min(held) + req.blocks:
+            if held[i] > BALANCE_REL * min(held) + req.blocks:
                 i = min(range(n), key=lambda j: (held[j], costs[j]))
                 w, cost = candidates[i], costs[i]
         elif home is not None and home != i:

@@ -136,9 +136,9 @@ class Policy:
             free = [j for j in range(len(candidates)) if not candidates[j].full()]
             return pick if pick in free else min(free, key=costs.__getitem__, default=home)
         h, p = candidates[home], candidates[pick]
-        saved = time_to_kv(req, h) - time_to_kv(req, p)
-        added = (time_to_kv(req, p) - p.queued_prefill_blocks) - (time_to_kv(req, h) - h.queued_prefill_blocks)
-        return pick if saved > added else home
+        h_ready, p_ready = time_to_kv(req, h), time_to_kv(req, p)
+        added = (p_ready - p.queued_prefill_blocks) - (h_ready - h.queued_prefill_blocks)   # own prefill: pick - home
+        return pick if h_ready - p_ready > added else home
 
     @staticmethod
     def _home(req: Request, candidates: Sequence[Worker]) -> int | None:

@@ -110,12 +110,7 @@ class PrefixCache(PrefixSessions):
         (each unreferenced hit goes back as just freed, the tail first), no references taken."""
         hits, idle = self._claim(names, owner)
         idle.reverse()
-        freed_at, tick = self._freed_at, self._tick
-        for b in idle:
-            tick += 1
-            freed_at[b] = tick
-        self._tick = tick
-        self.policy.insert_many(idle)
+        self._evictable(idle)
         return hits
 
     def _claim(self, names: Sequence[bytes], owner: Hashable) -> tuple[list[int], list[int]]:
@@ -242,8 +237,8 @@ class PrefixCache(PrefixSessions):
     def free(self, block_ids: Sequence[int]) -> None:
         """Drop one reference on each block; pass a block table in order (its tail is freed first,
         so under LRU a sequence's last blocks go before its prefix)."""
-        ref, names, freed_at, tick = self.ref, self.names, self._freed_at, self._tick
-        evictable: list[int] = []             # inserted into the policy in one call, in this order
+        ref, names = self.ref, self.names
+        evictable: list[int] = []             # into the policy in one call, in this order
         try:
             for b in reversed(block_ids):
                 r = ref[b]
@@ -255,12 +250,18 @@ class PrefixCache(PrefixSessions):
                         self._forget(b)
                         self.empty.append(b)
                     else:
-                        tick += 1
-                        freed_at[b] = tick
                         evictable.append(b)
         finally:
-            self._tick = tick
-            self.policy.insert_many(evictable)
+            self._evictable(evictable)
+
+    def _evictable(self, blocks: list[int]) -> None:
+        """Unreferenced named blocks become evictable, freed in this order (each a fresh tick)."""
+        freed_at, tick = self._freed_at, self._tick
+        for b in blocks:
+            tick += 1
+            freed_at[b] = tick
+        self._tick = tick
+        self.policy.insert_many(blocks)
 
     def touch(self, block_ids: Iterable[int]) -> None:
         for b in block_ids:

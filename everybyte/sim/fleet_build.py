@@ -11,7 +11,6 @@ from typing import Any, Callable
 
 from everybyte.cluster.policy import Policy
 from everybyte.cluster.worker_state import plan_roles
-from everybyte.formats.sizes import parse_size
 from everybyte.kv.events import BlockRemoved
 from everybyte.sim.build import SimConfig, build
 from everybyte.sim.calibration import StepFit
@@ -70,8 +69,8 @@ def roles_for(f: FleetConfig) -> list[str]:
 
 def build_fleet(cfg: SimConfig, f: FleetConfig, calibration: StepFit | None = None) -> Fleet:
     roles = roles_for(f)
-    pod_bytes = None if f.pod_flash is None else int(POD_FLASH["capacity_bytes"][0]) if f.pod_flash == "catalog" \
-        else parse_size(f.pod_flash)
+    pod_bytes = None if f.pod_flash is None else \
+        tier_bytes("--pod-flash", f.pod_flash, int(POD_FLASH["capacity_bytes"][0]))
     g4_bytes = None if f.shared_storage is None else \
         tier_bytes("--shared-storage", f.shared_storage, int(SHARED_STORAGE["capacity_bytes"][0]))
     fleet_tiers: list[NameTier] = []

@@ -39,7 +39,8 @@ def test_blocks_that_overflow_g1_and_g2_come_back_from_local_nvme(capsys):
     assert disk["capacity_bytes_per_worker"] == 3_840_000_000_000
     assert disk["load_bytes_per_s_per_worker"] == 14e9 and disk["latency_s"] == 60e-6
     assert disk["node"]["drive_bytes"]["source"].startswith("https://")
-    assert out["assumptions"]["cost_model"]["tiers"]["G3"] == {"bytes_per_s": 14e9, "latency_s": 60e-6}
+    assert out["assumptions"]["cost_model"]["tiers"]["G3"] == {"bytes_per_s": 14e9, "latency_s": 60e-6,
+                                                             "write_bytes_per_s": 10e9}
 
 
 def test_a_smaller_disk_tier_holds_less(capsys):

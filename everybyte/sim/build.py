@@ -38,8 +38,10 @@ class SimConfig:
 
 
 def build(cfg: SimConfig, calibration: StepFit | None = None,
-          shared_tiers: Callable[[SimPool], list] | None = None) -> tuple[CostModel, list[SimWorker], dict]:
-    """shared_tiers(pool): tiers every worker holds (the pod flash tier, sim/fleet_build)."""
+          shared_tiers: Callable[[SimPool], list] | None = None,
+          pod_lanes: dict | None = None) -> tuple[CostModel, list[SimWorker], dict]:
+    """shared_tiers(pool): tiers every worker holds (the pod flash tier, sim/fleet_build); pod_lanes:
+    their pod-wide links (sim/link_lanes), which every worker's transfers also queue on."""
     if cfg.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {cfg.workers}")
     hw, model = get_hardware(cfg.hardware), get_model(cfg.model)
@@ -60,7 +62,8 @@ def build(cfg: SimConfig, calibration: StepFit | None = None,
                       max_model_len=model.max_len)
     shared = shared_tiers(pool) if shared_tiers else []
     workers = [SimWorker(i, spec, lambda clock: CostExecutor(clock, cost.batch_seconds, decode=cost),
-                         cost.transfer_seconds, shared_tiers=shared) for i in range(cfg.workers)]
+                         cost.transfer_seconds, shared_tiers=shared, write_seconds=cost.write_seconds,
+                         pod_lanes=pod_lanes) for i in range(cfg.workers)]
     info = {"cost_model": cost.describe(), "model": model.describe(cfg.weights_format, cfg.kv_format),
             "hardware": hw.describe(), "workers": cfg.workers,
             "kv_pool_per_worker": {"budget_bytes": pool.budget_bytes, "num_blocks": pool.num_blocks,

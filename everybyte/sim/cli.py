@@ -10,7 +10,7 @@ from everybyte.formats.sizes import KV_CACHE_DTYPES, WEIGHT_FORMATS
 from everybyte.json_output import emit
 from everybyte.sim.build import SimConfig
 from everybyte.sim.calibration import StepFit, StepSample, fit_steps
-from everybyte.sim.fleet_build import FLEET_ROUTES, FleetConfig, build_fleet, fleet_summary
+from everybyte.sim.fleet_build import FLEET_ROUTES, FleetConfig, build_fleet, fleet_summary, link_stats
 from everybyte.sim.hardware import get_hardware, names
 from everybyte.sim.models import BUILTIN, get_model
 from everybyte.sim.runner import ROUTES, RunConfig, Runner
@@ -79,6 +79,11 @@ def run_parser() -> argparse.ArgumentParser:
     r.add_argument("--shared-storage", nargs="?", const="catalog", default=None, metavar="BYTES",
                    help="shared storage (G4, a shared file system / object store over the network, --kv-tiers "
                    "cold:) at the end of every worker's spill chain; BYTES or the catalog's 10 PB")
+    r.add_argument("--pod-flash-bandwidth", default=None, metavar="BYTES_PER_S",
+                   help="the pod flash tier's aggregate bandwidth each way, e.g. 400GB: every worker's reads and "
+                   "writes also queue on it (default: no cap beyond each worker's NIC)")
+    r.add_argument("--shared-storage-bandwidth", default=None, metavar="BYTES_PER_S",
+                   help="the shared storage's aggregate bandwidth each way (default: no cap beyond each worker's link)")
     r.add_argument("--no-park", action="store_true", help="do not park sessions during tool gaps")
     r.add_argument("--park-min-gap", type=float, default=0.5)
     r.add_argument("--no-multi-step", action="store_true", help="step every decode token (the same decisions, "
@@ -115,7 +120,8 @@ def calibrate(argv: list[str]) -> int:
 
 def run_sim(args, cfg: SimConfig) -> dict:
     fleet_cfg = FleetConfig(args.route, args.workers, args.prefill, args.decode, args.disagg_threshold,
-                            args.pod_flash, args.shared_storage)
+                            args.pod_flash, args.shared_storage, args.pod_flash_bandwidth,
+                            args.shared_storage_bandwidth)
     fleet = build_fleet(cfg, fleet_cfg, StepFit.load(args.calibration) if args.calibration else None)
     cost, workers, info = fleet.cost, fleet.workers, fleet.info
     trace = load_trace(args.trace, skip_bad=args.skip_bad, fmt=args.trace_format)
@@ -133,6 +139,7 @@ def run_sim(args, cfg: SimConfig) -> dict:
                     fleet.route, cost.weight_bytes(), fleet.disagg)
     summary = runner.run()
     summary["fleet"] = fleet_summary(fleet, runner.turns, cost.weight_bytes())
+    summary["links"] = link_stats(fleet)
     if cost.calibration is not None:
         summary["steps_outside_calibrated_range"] = cost.outside_range
     return {"benchmark": "sim", "summary": summary,

@@ -21,8 +21,9 @@ from everybyte.sim.models import ModelShape
 
 @dataclass
 class TierLink:
-    bytes_per_s: float
+    bytes_per_s: float                        # reads (loads into G1)
     latency_s: float = 0.0
+    write_bytes_per_s: float | None = None    # writes (offloads, spills, write-through); None: as reads
 
 
 class CostModel:
@@ -149,6 +150,11 @@ class CostModel:
                              f"tiers it has: {', '.join(self.tiers) or 'none'}")
         return link.latency_s + nbytes / link.bytes_per_s
 
+    def write_seconds(self, level: str, nbytes: int) -> float:
+        """A write of nbytes to `level` (its link's write bandwidth: the links are full duplex)."""
+        link = self.tiers[level]
+        return link.latency_s + nbytes / (link.write_bytes_per_s or link.bytes_per_s)
+
     def describe(self) -> dict[str, Any]:
         return {"hardware": self.hw.name, "gpus_per_worker": self.gpus, "compute_format": self.compute_format,
                 "peak_flops": self.peak_flops, "hbm_bytes_per_s": self.hbm_bw,
@@ -160,7 +166,8 @@ class CostModel:
                 "calibration": None if self.calibration is None else {
                     "coefficients": self.calibration.coefficients, "residuals": self.calibration.residuals,
                     "samples": self.calibration.samples, "source": self.calibration.source},
-                "tiers": {k: {"bytes_per_s": v.bytes_per_s, "latency_s": v.latency_s} for k, v in self.tiers.items()},
+                "tiers": {k: {"bytes_per_s": v.bytes_per_s, "latency_s": v.latency_s,
+                          "write_bytes_per_s": v.write_bytes_per_s or v.bytes_per_s} for k, v in self.tiers.items()},
                 "assumptions": [
                     "roofline per step: max(FLOPs / peak, bytes / HBM bandwidth) + a fixed overhead",
                     "weights read once per step; MoE: expected distinct experts reached by the batch (uniform top-k)",

@@ -6,7 +6,7 @@ shared storage (G4: one name-only tier at the end of every worker's spill chain,
 engine's `cold:` tier is)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from everybyte.cluster.policy import Policy
@@ -19,6 +19,7 @@ from everybyte.sim.fleet_disagg import Disaggregation
 from everybyte.sim.fleet_links import POD_FLASH, pod_flash_link, remote_link
 from everybyte.sim.fleet_links import describe as describe_links
 from everybyte.sim.fleet_router import FleetRouter
+from everybyte.sim.link_lanes import Lane, aggregate_lane, merge_stats
 from everybyte.sim.metrics import TurnRecord
 from everybyte.sim.runner import ROUTES
 from everybyte.sim.storage_links import SHARED_STORAGE, describe_shared, shared_storage_link, tier_bytes
@@ -39,6 +40,8 @@ class FleetConfig:
     disagg_threshold: int | None = None       # tokens of uncached prefill above which a turn disaggregates
     pod_flash: str | None = None              # G3.5 bytes for the pod ("catalog": POD_FLASH); None: none
     shared_storage: str | None = None         # G4 bytes for the fleet ("catalog": SHARED_STORAGE); None: none
+    pod_flash_bandwidth: str | None = None    # the pod flash tier's aggregate bytes/s, each way; None: no cap
+    shared_storage_bandwidth: str | None = None   # the shared storage's aggregate bytes/s, each way; None: no cap
     overlap_weight: float = 1.0
 
 
@@ -51,6 +54,7 @@ class Fleet:
     route: Callable
     router: FleetRouter | None = None
     disagg: Disaggregation | None = None
+    pod_lanes: dict[tuple[str, str], Lane] = field(default_factory=dict)
 
 
 def roles_for(f: FleetConfig) -> list[str]:
@@ -80,7 +84,8 @@ def build_fleet(cfg: SimConfig, f: FleetConfig, calibration: StepFit | None = No
             if nbytes is not None:
                 fleet_tiers.append(NameTier(nbytes, level, pool.bytes_per_block, kind=kind))
         return fleet_tiers
-    cost, workers, info = build(replace(cfg, workers=len(roles)), calibration, shared)
+    pod_lanes, aggregate = _pod_lanes(f)
+    cost, workers, info = build(replace(cfg, workers=len(roles)), calibration, shared, pod_lanes)
     links: dict[str, Any] = {}
     if f.disagg_threshold is not None:
         cost.tiers["remote"], links["remote"] = remote_link(cost, len(roles))
@@ -91,6 +96,7 @@ def build_fleet(cfg: SimConfig, f: FleetConfig, calibration: StepFit | None = No
         else:
             link = cost.tiers.setdefault("G4", shared_storage_link(cost))   # a calibration's measured G4 wins
             links["G4"] = describe_shared(cost.hw.name, tier.capacity_bytes, link)
+        links[tier.level]["aggregate_bytes_per_s"] = aggregate.get(tier.level)
         tier.on_evict_many = lambda names, datas, level=tier.level: _evicted_everywhere(workers, names, level)
     router = disagg = None
     if f.route in FLEET_ROUTES or f.disagg_threshold is not None:
@@ -103,7 +109,31 @@ def build_fleet(cfg: SimConfig, f: FleetConfig, calibration: StepFit | None = No
     info["fleet"] = {"roles": roles, "route": f.route, "router": None if router is None else "cluster/policy "
                      f"{router.decider.policy.name} over cluster/kv_index fed by the workers' KV events",
                      "disagg_threshold_tokens": f.disagg_threshold, "links": links}
-    return Fleet(cost, workers, info, roles, route, router, disagg)
+    return Fleet(cost, workers, info, roles, route, router, disagg, pod_lanes)
+
+
+def _pod_lanes(f: FleetConfig) -> tuple[dict[tuple[str, str], Lane], dict[str, int]]:
+    """The pod-wide lanes (each way) of the shared tiers given an aggregate bandwidth, and those figures."""
+    lanes: dict[tuple[str, str], Lane] = {}
+    rates: dict[str, int] = {}
+    for level, flag, value, tier, tier_flag in (
+            ("G3.5", "--pod-flash-bandwidth", f.pod_flash_bandwidth, f.pod_flash, "--pod-flash"),
+            ("G4", "--shared-storage-bandwidth", f.shared_storage_bandwidth, f.shared_storage, "--shared-storage")):
+        if value is None:
+            continue
+        if tier is None:
+            raise ValueError(f"{flag} needs the tier it caps: add {tier_flag}")
+        rate = rates[level] = tier_bytes(flag, value, 0)
+        if rate <= 0:
+            raise ValueError(f"{flag} must be a positive number of bytes per second, got {value!r}")
+        lanes[(level, "read")], lanes[(level, "write")] = aggregate_lane(rate), aggregate_lane(rate)
+    return lanes, rates
+
+
+def link_stats(fleet: Fleet) -> dict[str, Any]:
+    """What went over the tier links: transfers, bytes, seconds busy and seconds queued behind
+    other transfers, per level and direction summed over the workers, then the pod-wide lanes."""
+    return merge_stats([w.mover.lanes.stats() for w in fleet.workers], fleet.pod_lanes)
 
 
 def _evicted_everywhere(workers: list[SimWorker], names, level: str) -> None:

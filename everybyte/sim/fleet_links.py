@@ -17,7 +17,9 @@ POD_FLASH: dict[str, tuple[float, str]] = {
                          "us over a fabric; the upper end)"),
 }
 POD_FLASH_BANDWIDTH = ("the GPU's scale-out NIC (nic_bytes_per_s) x GPUs per worker: " + _ICMS
-                       + "; the flash side's own bandwidth is not sourced and taken as no tighter")
+                       + "; the flash side's own bandwidth is not sourced and taken as no tighter. Each worker's reads and "
+                       "writes queue on its own NIC lanes; the pod's aggregate caps them all only under "
+                       "--pod-flash-bandwidth")
 
 
 def remote_link(cost: CostModel, workers: int) -> tuple[TierLink, str]:

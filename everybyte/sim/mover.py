@@ -1,16 +1,18 @@
 """The simulator's KV mover (the KVMover protocol of kv/mover.py): a load of named blocks from
-the tiers finishes when the virtual clock passes latency + bytes / bandwidth of the tier each
-block is found in (sim.cost_model), and the tier set observes that bandwidth, as it does the real
-loader's, to weigh loading against recomputing; a store costs nothing on the step (write-back
-runs beside compute). No byte moves: a stored block is its name. `horizon` bounds how far wait() may move the
+the tiers finishes when its reads have gone through the links of the tiers its blocks are found
+in (sim/link_lanes: each link a FIFO lane, so concurrent loads share its bandwidth; tiers are read
+one after another, as the real loader reads them), and not before the writes that put those blocks
+there have landed; the tier set observes the bandwidth each read got, as it does the real
+loader's, to weigh loading against recomputing. A write (a block offloaded, spilled down or
+written through) costs nothing on the step (it runs beside compute) but holds its link's write
+lane. No byte moves: a stored block is its name. `horizon` bounds how far wait() may move the
 clock (the runner's next event), so a wait never jumps over an arrival."""
 from __future__ import annotations
-
-from typing import Callable
 
 from everybyte.kv.clock import VirtualClock
 from everybyte.kv.mover import LoadJob
 from everybyte.kv.tier_movement import TierSet
+from everybyte.sim.link_lanes import Lanes
 
 
 class Done:
@@ -19,10 +21,8 @@ class Done:
 
 
 class SimMover:
-    def __init__(self, tiers: TierSet, clock: VirtualClock, block_bytes: int,
-                 transfer_seconds: Callable[[str, int], float]):
-        self.tiers, self.clock, self.nbytes = tiers, clock, block_bytes
-        self.transfer_seconds = transfer_seconds
+    def __init__(self, tiers: TierSet, clock: VirtualClock, block_bytes: int, lanes: Lanes):
+        self.tiers, self.clock, self.nbytes, self.lanes = tiers, clock, block_bytes, lanes
         self.jobs: list[LoadJob] = []
         self.inflight: dict[bytes, tuple[LoadJob, int]] = {}
         self._levels: dict[LoadJob, list[str]] = {}
@@ -35,15 +35,31 @@ class SimMover:
         self.stored += len(names)
         return list(names)
 
+    def wrote(self, tier, names: list[bytes]) -> None:
+        """A put of `names` into `tier` (SyncTierSet.on_write): it holds the tier's write lane, and
+        a read of those blocks waits until it has landed (NameTier.landed_at)."""
+        now = self.clock.monotonic()
+        end = self.lanes.write(tier.level, now, len(names) * self.nbytes) if names else None
+        landed = getattr(tier, "landed_at", None)
+        if end is not None and end > now and landed is not None:
+            for n in names:
+                landed[n] = end
+
     def start(self, names, blocks, owner=None, prestage=False) -> LoadJob:
-        found = self.tiers.locate(list(names))
+        names = list(names)
+        found = self.tiers.locate(names)
         per_tier: dict = {}
-        for tier in found:
-            per_tier[tier] = per_tier.get(tier, 0) + 1
-        reads = [(tier, n * self.nbytes, self.transfer_seconds(tier.level, n * self.nbytes))
-                 for tier, n in per_tier.items()]
-        job = LoadJob(list(names), list(blocks), owner, prestage,
-                      self.clock.monotonic() + sum(seconds for *_, seconds in reads))
+        for name, tier in zip(names, found):
+            per_tier.setdefault(tier, []).append(name)
+        now = end = self.clock.monotonic()
+        reads = []
+        for tier, held in per_tier.items():
+            landed = getattr(tier, "landed_at", None)
+            written = max((landed.get(n, 0.0) for n in held), default=0.0) if landed else 0.0
+            ready, nbytes = max(end, written), len(held) * self.nbytes
+            end = self.lanes.read(tier.level, now, nbytes, ready)
+            reads.append((tier, nbytes, end - ready))
+        job = LoadJob(names, list(blocks), owner, prestage, end)
         self._levels[job] = [t.level for t in found]     # where each leading block comes from
         self._reads[job] = reads
         for i, n in enumerate(job.names):

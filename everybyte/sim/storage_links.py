@@ -90,7 +90,8 @@ def local_nvme(cost: CostModel) -> tuple[TierLink, int]:
         raise _missing(cost.hw.name, "local NVMe (G3)", {k: v for k, v in NVME_KEYS.items()
                                                           if k not in (figures or {})}, list(LOCAL_NVME))
     drives = figures["drives_per_gpu"][0] * cost.gpus
-    link = TierLink(drives * NVME_DRIVE["read_bytes_per_s"][0], NVME_DRIVE["latency_s"][0])
+    link = TierLink(drives * NVME_DRIVE["read_bytes_per_s"][0], NVME_DRIVE["latency_s"][0],
+                    drives * NVME_DRIVE["write_bytes_per_s"][0])
     return link, int(drives * figures["drive_bytes"][0])
 
 
@@ -109,14 +110,15 @@ def _sourced(figures: Figures) -> dict[str, Any]:
 def describe_nvme(hw_name: str, capacity_bytes: int, link: TierLink) -> dict[str, Any]:
     return {"capacity_bytes_per_worker": capacity_bytes, "load_bytes_per_s_per_worker": link.bytes_per_s,
             "latency_s": link.latency_s, **describe_catalog(hw_name)["G3_local_nvme"],
-            "bandwidth": "drives per GPU x GPUs per worker x the drive's sequential read; writes (spills) run "
-                         "beside compute and are not charged, as G2's are not"}
+            "bandwidth": "drives per GPU x GPUs per worker x the drive's sequential read; writes (spills) "
+                         "x its sequential write, on a lane of their own (sim/link_lanes)"}
 
 
 def describe_shared(hw_name: str, capacity_bytes: int, link: TierLink) -> dict[str, Any]:
     return {"capacity_bytes": capacity_bytes, "load_bytes_per_s_per_worker": link.bytes_per_s,
             "latency_s": link.latency_s, "catalog": describe_catalog(hw_name)["G4_shared_storage"],
-            "contention": "not modelled: every worker reads at its own figure, as with the pod flash tier"}
+            "contention": "each worker's reads (and writes) queue on its own link at this figure; across "
+                          "workers only under --shared-storage-bandwidth (no source gives the store's aggregate)"}
 
 
 def describe_catalog(hw_name: str) -> dict[str, Any]:

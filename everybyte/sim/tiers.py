@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from concurrent.futures import Future
+from typing import Callable
 
 from everybyte.kv.tier_movement import TierSet
 from everybyte.kv.tiers.base import TierBackend
@@ -22,6 +23,7 @@ class NameTier(TierBackend):
         super().__init__(capacity_bytes, level)
         self.kind, self.block_bytes = kind, block_bytes
         self.held: OrderedDict[bytes, object] = OrderedDict()
+        self.landed_at: dict[bytes, float] = {}     # blocks whose write has not landed yet (sim/mover)
 
     def put(self, name, data) -> bool:
         if name in self.held:
@@ -35,6 +37,9 @@ class NameTier(TierBackend):
         if over > 0:
             n = -(-over // self.block_bytes)
             gone = [self.held.popitem(last=False) for _ in range(n)]
+            if self.landed_at:
+                for k, _ in gone:
+                    self.landed_at.pop(k, None)
             self._evicted([k for k, _ in gone], [v for _, v in gone])
         return True
 
@@ -48,6 +53,7 @@ class NameTier(TierBackend):
         return name in self.held
 
     def delete(self, name) -> bool:
+        self.landed_at.pop(name, None)
         return self.held.pop(name, None) is not None
 
     @property
@@ -69,7 +75,16 @@ class NameTier(TierBackend):
 
 class SyncTierSet(TierSet):
     """The real TierSet with its background puts (spills down the chain, write-through to the pod
-    tier) done at once: on a virtual clock a thread pool would make runs nondeterministic."""
+    tier) done at once: on a virtual clock a thread pool would make runs nondeterministic.
+    on_write(tier, names), when set, is told of every put (the mover charges its link)."""
+
+    on_write: Callable[[TierBackend, list[bytes]], None] | None = None
+
+    def _put(self, tier, names, datas) -> list[bool]:
+        ok = super()._put(tier, names, datas)
+        if self.on_write is not None:
+            self.on_write(tier, [n for n, good in zip(names, ok) if good])
+        return ok
 
     def _put_async(self, tier, names, datas) -> Future:
         return _done(self._put(tier, names, datas))

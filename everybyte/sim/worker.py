@@ -10,6 +10,7 @@ from everybyte.engine.scheduler import Scheduler
 from everybyte.kv.block_id import KVNamespace
 from everybyte.kv.clock import VirtualClock
 from everybyte.kv.memory_manager import KVMemoryManager
+from everybyte.sim.link_lanes import Lanes
 from everybyte.sim.mover import SimMover
 from everybyte.sim.tiers import NameTier, SyncTierSet
 
@@ -58,17 +59,20 @@ class WorkerSpec:
 
 
 class SimWorker:
-    def __init__(self, index: int, spec: WorkerSpec, executor_for, transfer_seconds, eos=(), shared_tiers=()):
-        """executor_for(clock) -> Executor; transfer_seconds(level, nbytes) -> seconds; shared_tiers:
-        tiers every worker of the pod holds (the pod flash tier G3.5, shared storage G4: sim/fleet_build),
-        after the local ones as the real engine's --kv-tiers orders them."""
+    def __init__(self, index: int, spec: WorkerSpec, executor_for, transfer_seconds, eos=(), shared_tiers=(),
+                 write_seconds=None, pod_lanes=None):
+        """executor_for(clock) -> Executor; transfer_seconds(level, nbytes) -> seconds of a read;
+        write_seconds(level, nbytes): of a write (None: writes are free); shared_tiers: tiers every
+        worker of the pod holds (the pod flash tier G3.5, shared storage G4: sim/fleet_build), after
+        the local ones as the real engine's --kv-tiers orders them; pod_lanes: their pod-wide lanes."""
         self.index, self.spec = index, spec
         self.clock = VirtualClock(0.0)
         pool = spec.pool
         local = [NameTier(n, level, pool.bytes_per_block, kind) for n, level, kind in
                  ((spec.host_tier_bytes, "G2", "host"), (spec.disk_tier_bytes, "G3", "disk")) if n]
         tiers = SyncTierSet(local + list(shared_tiers))
-        self.mover = SimMover(tiers, self.clock, pool.bytes_per_block, transfer_seconds)
+        self.mover = SimMover(tiers, self.clock, pool.bytes_per_block, Lanes(transfer_seconds, write_seconds, pod_lanes))
+        tiers.on_write = self.mover.wrote
         ns = KVNamespace(spec.model_id, kv_format=spec.kv_format, block_size=pool.block_size)
         self.memory = KVMemoryManager(pool, ns, tiers, offload_on_park=spec.offload_on_park, clock=self.clock,
                                       restart_blocks=spec.restart_blocks,

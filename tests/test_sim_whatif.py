@@ -47,8 +47,26 @@ def test_expert_parallel_spreads_experts_and_pays_all_to_all():
         CostModel(ep8.hw, ep8.model, gpus=4, ep=ExpertParallel(8))
 
 
+def test_expert_parallel_across_nodes_is_bounded_by_the_nic():
+    """EP16 on H200 spans 2 NVLink domains: each token reaches the other node over the NIC (50 GB/s
+    a GPU) once, 1 - (1/2)^8 of the time, slower here than NVLink's share (450 GB/s one way)."""
+    from dataclasses import replace as _replace
+    ep16 = _cost("H200", 16, True)
+    assert ep16.ep.nodes(ep16.hw) == 2 and _cost("H200", 8, True).ep.nodes(ep16.hw) == 1
+    tokens, attended = 4096, 4096 * 500
+    slow = ep16.step_seconds(tokens, attended)
+    nic = ep16.hw.need("nic_bytes_per_s")
+    ep16.hw = _replace(ep16.hw, figures={**ep16.hw.figures, "nic_bytes_per_s": (nic * 1000, "test")})
+    m = ep16.model
+    per_pair = tokens / 16 * m.hidden * 3 * m.moe_layers
+    nvlink = per_pair * m.experts_per_token * 15 / 16 / (900e9 / 2)
+    assert slow - ep16.step_seconds(tokens, attended) == pytest.approx(per_pair * (1 - 0.5 ** 8) / nic - nvlink)
+
+
 def test_levers_outside_the_hardware_say_why():
-    assert "NVLink domain of 8" in why_not("H200", scenario_for("ep32"))
+    from dataclasses import replace as _replace
+    assert why_not("H200", scenario_for("ep32")) is None              # across 4 nodes over the NIC
+    assert "no NIC figure" in why_not("GB200-NVL72", _replace(scenario_for("ep64"), ep=128))
     assert "host link" in why_not("GB200-NVL72", scenario_for("host_staging"))
     assert why_not("GB300-NVL72", scenario_for("host_staging")) is None         # Grace's C2C is in the catalog
     assert why_not("GB300-NVL72", scenario_for("all")) is None
@@ -63,7 +81,7 @@ def test_levers_outside_the_hardware_say_why():
     s, dropped = fit_to("GB200-NVL72", scenario_for("all"))                 # all the levers it has
     assert s.ep == 64 and not s.host_staging and s.weights_format == "nvfp4" and "host staging" in dropped[0]
     s, dropped = fit_to("H200", scenario_for("all"))
-    assert s.ep == 8 and s.host_staging and "EP64" in dropped[0]
+    assert s.ep == 64 and s.host_staging and dropped == []                 # 8 nodes of 8, over InfiniBand
 
 
 def test_token_weight_scales_kv_bytes_and_prefill():
@@ -85,12 +103,12 @@ def test_whatif_table_from_simulated_runs(tmp_path, capsys):
     assert all(p["requests"] > 0 and p["tok_s_per_mw"] > 0 for p in base["points"])
     assert set(base["at"]) == {"50", "100", "160", "200"}
     assert rows[("GB300-NVL72", "ep32")]["simulated"]
-    assert not rows[("H200", "ep32")]["simulated"] and "NVLink domain" in rows[("H200", "ep32")]["why_not"]
+    assert rows[("H200", "ep32")]["simulated"]                        # 4 nodes over the NIC
     pod = rows[("GB300-NVL72", "pod_flash")]
     assert pod["simulated"] and any(p["reused_by_tier"].get("G3.5", 0) > 0 for p in pod["points"])
     assert rows[("H200", "pod_flash")]["simulated"]                   # 4 x 8 GPUs: over the network
-    assert rows[("H200", "all")]["simulated"] and rows[("H200", "all")]["scenario"]["ep"] == 8
-    stacked = rows[("H200", "all_fleet")]                             # 2 x EP8 behind the kv router
+    assert rows[("H200", "all")]["simulated"] and rows[("H200", "all")]["scenario"]["ep"] == 64
+    stacked = rows[("H200", "all_fleet")]                             # 2 x EP64 behind the kv router
     assert stacked["simulated"] and stacked["scenario"]["workers"] == 2 and stacked["scenario"]["route"] == "kv"
     assert stacked["points"][-1]["sessions"] == 2 * rows[("H200", "all")]["points"][-1]["sessions"]
     assert any("extrapolat" in a for a in r["assumptions"]) and any("power: H200" in a for a in r["assumptions"])

@@ -9,6 +9,11 @@ Per GPU and step, for T tokens computed by the worker (context attended A):
 - all-to-all: each of its T/g tokens goes to k experts, (g-1)/g of them remote, as the hidden
   vector in FP8 (dispatch) and back in BF16 (combine), x the imbalance, at half the NVLink figure
   (the catalog's is both directions), not overlapped with compute, no per-message latency.
+- across nodes (g above the NVLink domain, as DeepSeek serves R1 over InfiniBand): a token's
+  experts on other nodes are reached DeepEP's way, once per destination node over the NIC
+  (uniform top-k: N - 1 other nodes of N, each reached with probability 1 - (1 - 1/N)^k) and
+  then forwarded over NVLink inside it, so NVLink still carries every remote token-expert pair;
+  the two links run at once and the slower sets the all-to-all.
 step = max(FLOPs / peak, bytes / HBM bandwidth) + all-to-all.
 """
 from __future__ import annotations
@@ -42,9 +47,18 @@ class ExpertParallel:
         compute = max((dense_flops + expert_flops) / cost.gpu_flops, nbytes / cost.gpu_hbm_bw)
         if g == 1 or not m.moe_layers:
             return compute
-        sent = tokens / g * m.experts_per_token * (g - 1) / g * m.hidden * (DISPATCH_BYTES + COMBINE_BYTES)
-        comm = m.moe_layers * sent * self.imbalance / (cost.hw.need("nvlink_bytes_per_s") / 2)
+        per_pair = tokens / g * m.hidden * (DISPATCH_BYTES + COMBINE_BYTES) * m.moe_layers * self.imbalance
+        comm = per_pair * m.experts_per_token * (g - 1) / g / (cost.hw.need("nvlink_bytes_per_s") / 2)
+        nodes = self.nodes(cost.hw)
+        if nodes > 1:
+            reached = (nodes - 1) * (1.0 - (1.0 - 1.0 / nodes) ** m.experts_per_token)
+            comm = max(comm, per_pair * reached / cost.hw.need("nic_bytes_per_s"))
         return compute + comm
+
+    def nodes(self, hw) -> int:
+        """NVLink domains the EP group spans (1 when it fits one)."""
+        domain = int(hw.get("nvlink_domain_gpus") or self.gpus)
+        return max(1, -(-self.gpus // domain))
 
     def describe(self) -> dict:
         return {"ep": self.gpus, "imbalance": self.imbalance, "assumptions": [
@@ -52,4 +66,6 @@ class ExpertParallel:
             "routed experts E/g per GPU per MoE layer; distinct experts reached: uniform top-k",
             "expert FLOPs and all-to-all bytes x the imbalance (max/mean tokens per GPU)",
             "two all-to-alls per MoE layer (FP8 dispatch, BF16 combine) at half the NVLink figure "
-            "(one direction), not overlapped with compute, no latency term"]}
+            "(one direction), not overlapped with compute, no latency term",
+            "beyond one NVLink domain: each token once per other node it reaches over the NIC (per GPU, "
+            "one direction), then forwarded over NVLink; the slower link sets the all-to-all"]}

@@ -99,12 +99,12 @@ def scenario_for(lever: str) -> Scenario | str:
 
 def fit_to(hw_name: str, s: Scenario) -> tuple[Scenario, list[str]]:
     """'all' (and 'all_fleet') on a hardware that lacks a lever: the widest EP its NVLink domain
-    holds, no host staging without a host link, no local NVMe without drive figures; what was
-    dropped is said."""
+    holds when no NIC figure lets EP cross nodes, no host staging without a host link, no local
+    NVMe without drive figures; what was dropped is said."""
     hw, dropped = get_hardware(hw_name), []
     domain = int(hw.need("nvlink_domain_gpus"))
-    if s.ep > domain:
-        dropped.append(f"EP{s.ep} (NVLink domain of {domain}: EP{domain})")
+    if s.ep > domain and hw.get("nic_bytes_per_s") is None:
+        dropped.append(f"EP{s.ep} (NVLink domain of {domain} and no NIC figure: EP{domain})")
         s = replace(s, ep=domain)
     if s.host_staging and hw.get("host_bytes_per_s") is None:
         dropped.append("host staging (no sourced host link)")
@@ -118,8 +118,8 @@ def fit_to(hw_name: str, s: Scenario) -> tuple[Scenario, list[str]]:
 def why_not(hw_name: str, s: Scenario) -> str | None:
     hw = get_hardware(hw_name)
     domain = int(hw.need("nvlink_domain_gpus"))
-    if s.ep > domain:
-        return f"EP{s.ep} exceeds the NVLink domain of {domain} GPUs (cross-node all-to-all is not modelled)"
+    if s.ep > domain and hw.get("nic_bytes_per_s") is None:
+        return f"EP{s.ep} exceeds the NVLink domain of {domain} GPUs and the catalog has no NIC figure to cross it"
     if s.host_staging and hw.get("host_bytes_per_s") is None:
         return "no sourced host link (C2C/PCIe) bandwidth for this hardware in the catalog"
     if s.local_nvme and hw.name not in LOCAL_NVME:

@@ -81,7 +81,7 @@ def test_levers_outside_the_hardware_say_why():
     s, dropped = fit_to("GB200-NVL72", scenario_for("all"))                 # all the levers it has
     assert s.ep == 64 and not s.host_staging and s.weights_format == "nvfp4" and "host staging" in dropped[0]
     s, dropped = fit_to("H200", scenario_for("all"))
-    assert s.ep == 64 and s.host_staging and dropped == []                 # 8 nodes of 8, over InfiniBand
+    assert s.ep == 8 and s.host_staging and "EP64" in dropped[0]           # stacked within one NVLink domain
 
 
 def test_token_weight_scales_kv_bytes_and_prefill():
@@ -107,8 +107,8 @@ def test_whatif_table_from_simulated_runs(tmp_path, capsys):
     pod = rows[("GB300-NVL72", "pod_flash")]
     assert pod["simulated"] and any(p["reused_by_tier"].get("G3.5", 0) > 0 for p in pod["points"])
     assert rows[("H200", "pod_flash")]["simulated"]                   # 4 x 8 GPUs: over the network
-    assert rows[("H200", "all")]["simulated"] and rows[("H200", "all")]["scenario"]["ep"] == 64
-    stacked = rows[("H200", "all_fleet")]                             # 2 x EP64 behind the kv router
+    assert rows[("H200", "all")]["simulated"] and rows[("H200", "all")]["scenario"]["ep"] == 8
+    stacked = rows[("H200", "all_fleet")]                             # 2 x EP8 behind the kv router
     assert stacked["simulated"] and stacked["scenario"]["workers"] == 2 and stacked["scenario"]["route"] == "kv"
     assert stacked["points"][-1]["sessions"] == 2 * rows[("H200", "all")]["points"][-1]["sessions"]
     assert any("extrapolat" in a for a in r["assumptions"]) and any("power: H200" in a for a in r["assumptions"])

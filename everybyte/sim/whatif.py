@@ -99,12 +99,13 @@ def scenario_for(lever: str) -> Scenario | str:
 
 def fit_to(hw_name: str, s: Scenario) -> tuple[Scenario, list[str]]:
     """'all' (and 'all_fleet') on a hardware that lacks a lever: the widest EP its NVLink domain
-    holds when no NIC figure lets EP cross nodes, no host staging without a host link, no local
-    NVMe without drive figures; what was dropped is said."""
+    holds (EP across nodes is the ep32/ep64 rows' question: over the NIC, without overlap, it
+    costs this prefill-heavy workload more than it saves), no host staging without a host link,
+    no local NVMe without drive figures; what was dropped is said."""
     hw, dropped = get_hardware(hw_name), []
     domain = int(hw.need("nvlink_domain_gpus"))
-    if s.ep > domain and hw.get("nic_bytes_per_s") is None:
-        dropped.append(f"EP{s.ep} (NVLink domain of {domain} and no NIC figure: EP{domain})")
+    if s.ep > domain:
+        dropped.append(f"EP{s.ep} (NVLink domain of {domain}: EP{domain}; across nodes see the ep32/ep64 rows)")
         s = replace(s, ep=domain)
     if s.host_staging and hw.get("host_bytes_per_s") is None:
         dropped.append("host staging (no sourced host link)")

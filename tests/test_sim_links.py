@@ -92,3 +92,9 @@ def test_bad_bandwidth_input_says_what_is_wrong(capsys, args, message):
     assert sim_main(["run", "--kv-cache", "16MiB", "--workers", "2", "--trace", "synthetic:sessions=1,turns=1",
                      *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_whatif_refuses_a_bad_pod_flash_bandwidth_before_running(capsys):
+    assert sim_main(["whatif", "--levers", "pod_flash", "--pod-flash-bandwidth", "lots",
+                     "--trace", "synthetic:sessions=2,turns=1"]) == 2
+    assert "--pod-flash-bandwidth 'lots': cannot parse size" in capsys.readouterr().err

@@ -81,6 +81,7 @@ class WhatIfConfig:
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 32            # trace tokens per step (each token_scale real ones in prefill)
     memory_utilization: float = 0.9
+    pod_flash_bandwidth: str | None = None      # the pod flash tier's aggregate bytes/s each way (None: no cap)
 
 
 def watts_per_gpu(hw_name: str) -> tuple[float, str]:
@@ -154,7 +155,8 @@ def run_point(cfg: WhatIfConfig, hw_name: str, s: Scenario, trace: Trace, scalin
     threshold = max(int(DISAGG_THRESHOLD_TOKENS / scaling.token_scale), 0) if s.disagg else None
     prefill = min(DISAGG_PREFILL_WORKERS, s.workers - 1) if s.disagg else None
     fleet = build_fleet(sim, FleetConfig(s.route, s.workers, prefill, None if prefill is None else s.workers - prefill,
-                                         threshold, "catalog" if s.pod_flash else None))
+                                         threshold, "catalog" if s.pod_flash else None,
+                                         pod_flash_bandwidth=cfg.pod_flash_bandwidth if s.pod_flash else None))
     cost, workers = fleet.cost, fleet.workers
     gpus = s.ep * s.workers
     n = per_gpu * gpus

@@ -12,6 +12,7 @@ from everybyte.json_output import emit
 from everybyte.sim.expert_parallel import ExpertParallel
 from everybyte.sim.fleet_links import POD_FLASH
 from everybyte.sim.models import get_model
+from everybyte.sim.storage_links import tier_bytes
 from everybyte.sim.whatif import (
     DISAGG_PREFILL_WORKERS,
     DISAGG_THRESHOLD_TOKENS,
@@ -51,6 +52,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--token-scale", type=float, default=None, help="default: bench agentic's for the format")
     p.add_argument("--max-num-batched-tokens", type=int, default=32, help="trace tokens per step per GPU")
     p.add_argument("--max-num-seqs", type=int, default=128, help="sequences per step per GPU")
+    p.add_argument("--pod-flash-bandwidth", default=None, metavar="BYTES_PER_S", help="the pod flash tier's "
+                   "aggregate bandwidth each way, shared by every worker (default: no cap beyond each worker's NIC)")
     p.add_argument("--out", default=None, help="directory for whatif.json, whatif.md, whatif.png")
     p.add_argument("--json", default=None)
     return p
@@ -94,6 +97,10 @@ def assumptions(cfg: WhatIfConfig, trace, scaling: Scaling, path: str) -> list[s
         "writes new blocks through to and loads from at the NIC's bandwidth (sim/fleet_links: "
         + "; ".join(f"{k} {v:g} from {src}" for k, (v, src) in POD_FLASH.items()) + "); "
         "'all' stacks the per-worker levers on one worker (the fleet levers are not in it)",
+        "tier links (sim/link_lanes): each worker's loads queue on its own link per tier and direction, writes "
+        "(offloads, spills, write-through) hold the write lane and a read waits for its blocks' write; the pod "
+        "flash tier's aggregate: " + (f"{cfg.pod_flash_bandwidth} per second each way, shared by every worker"
+                                      if cfg.pod_flash_bandwidth else "not capped (no source gives it)"),
         f"queueing: a load whose TTFT p50 exceeds {cfg.max_ttft_s:g} s is off the frontier and ends the sweep "
         "(per-token speed alone would flatter a decode worker behind saturated prefill workers)",
     ]
@@ -112,9 +119,12 @@ def main(argv: list[str]) -> int:
                            max_sessions_per_gpu=args.max_sessions_per_gpu,
                            interactivity=[float(x) for x in args.interactivity.split(",")], mark=args.mark,
                            max_ttft_s=args.max_ttft,
-                           max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs)
+                           max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+                           pod_flash_bandwidth=args.pod_flash_bandwidth)
         if cfg.mark not in cfg.interactivity:
             cfg.interactivity = sorted(cfg.interactivity + [cfg.mark])
+        if cfg.pod_flash_bandwidth is not None:
+            tier_bytes("--pod-flash-bandwidth", cfg.pod_flash_bandwidth, 0)      # bad input fails here, not per row
         path = args.trace or default_trace()
         trace = load_trace(path)
         scaling = Scaling.defaults(trace.format, get_model("deepseek-r1").max_len, token_scale=args.token_scale)

@@ -31,6 +31,22 @@ def test_fit_recovers_a_linear_step_time(tmp_path):
         StepFit.load(str(path))
 
 
+def test_a_step_with_a_prompt_chunk_costs_its_own_term(tmp_path):
+    """The real engine's prefill path costs a fixed amount over a decode step of as many tokens:
+    with it in the measured times, the fit finds it and charges it only where tokens > seqs."""
+    def measured(t, a, s):
+        return _linear(t, a, s) + (0.03 if t > s else 0.0)
+    shapes = [(t, a, s) for t in (1, 2, 8, 64, 256) for a in (100, 5000) for s in (1, 2)]
+    fit = fit_steps([StepSample(t, a, s, measured(t, a, s)) for t, a, s in shapes])
+    assert fit.coefficients["per_prefill_step_s"] == pytest.approx(0.03, rel=1e-6)
+    assert fit.seconds(2, 100, 2) == pytest.approx(_linear(2, 100, 2))          # two decoding: no chunk
+    assert fit.seconds(9, 100, 2) == pytest.approx(_linear(9, 100, 2) + 0.03)
+    legacy = tmp_path / "old.json"                       # a fit saved before the term: it reads as 0
+    legacy.write_text(json.dumps({"coefficients": {"overhead_s": 0.01, "per_token_s": 0.0, "per_attended_s": 0.0,
+                                                   "per_seq_s": 0.0}, "residuals": {}, "samples": 5}))
+    assert StepFit.load(str(legacy)).seconds(9, 100, 2) == pytest.approx(0.01)
+
+
 def test_negative_terms_are_dropped():
     samples = [StepSample(t, 0, 1, 0.01 + 1e-3 * t) for t in (1, 2, 4, 8, 16)]
     samples += [StepSample(3, 10, 1, 1e-4)]                     # an outlier that pulls per_attended negative
@@ -63,7 +79,7 @@ def test_calibrated_tier_loads_replace_the_catalog_link(tmp_path):
     with pytest.raises(ValueError, match="bytes_per_s"):
         StepFit.load(str(path))
     with pytest.raises(ValueError, match="seconds > 0"):
-        fit_steps([StepSample(1, 1, 1, 0.0)] * 4)
+        fit_steps([StepSample(1, 1, 1, 0.0)] * 5)
 
 
 def test_profile_records_every_step_shape():

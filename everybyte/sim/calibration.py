@@ -1,6 +1,8 @@
 """A step-time model fitted to the real engine (issue #20 item 4, first part): least squares of
-measured step seconds on the batch shape, seconds = a + b * tokens + c * attended + d * seqs
-(tokens computed, the context they attend to, sequences in the batch), with its residuals.
+measured step seconds on the batch shape, seconds = a + b * tokens + c * attended + d * seqs + e *
+[a prompt chunk in the step] (tokens computed, the context they attend to, sequences in the
+batch, and whether any sequence computes more than one token: the real engine's prefill path costs
+a fixed amount more than a decode step of as many tokens), with its residuals.
 `everybyte sim calibrate` measures the samples (engine/step_profile) and saves the fit;
 `sim run --calibration FILE` steps on it instead of the roofline. No torch here."""
 from __future__ import annotations
@@ -10,7 +12,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-TERMS = ("overhead_s", "per_token_s", "per_attended_s", "per_seq_s")
+TERMS = ("overhead_s", "per_token_s", "per_attended_s", "per_seq_s", "per_prefill_step_s")
+LEGACY_TERMS = TERMS[:4]                         # fits saved before the prefill term: it is 0 there
 
 
 @dataclass
@@ -33,6 +36,8 @@ class StepFit:
     def seconds(self, tokens: int, attended: int, seqs: int) -> float:
         c = self.coefficients
         t = c["overhead_s"] + c["per_token_s"] * tokens + c["per_attended_s"] * attended + c["per_seq_s"] * seqs
+        if tokens > seqs:
+            t += c["per_prefill_step_s"]
         return max(t, 0.0)
 
     def total_seconds(self, samples: list[StepSample]) -> float:
@@ -55,6 +60,8 @@ class StepFit:
             fit = cls(d["coefficients"], d["residuals"], d["samples"], d.get("source", {}), d.get("tiers", {}))
         except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
             raise ValueError(f"{path}: not a calibration file written by `everybyte sim calibrate`: {e}") from None
+        if set(fit.coefficients) == set(LEGACY_TERMS):
+            fit.coefficients["per_prefill_step_s"] = 0.0
         if set(fit.coefficients) != set(TERMS):
             raise ValueError(f"{path}: calibration coefficients must be {', '.join(TERMS)}")
         if any(not isinstance(t, dict) or not t.get("bytes_per_s", 0) > 0 for t in fit.tiers.values()):
@@ -72,7 +79,7 @@ def fit_steps(samples: list[StepSample], source: dict[str, Any] | None = None) -
     if any(not s.seconds > 0 for s in samples):
         raise ValueError("every step sample needs seconds > 0")
     w = np.array([1.0 / s.seconds for s in samples])
-    x = np.array([[1.0, s.tokens, s.attended, s.seqs] for s in samples]) * w[:, None]
+    x = np.array([[1.0, s.tokens, s.attended, s.seqs, float(s.tokens > s.seqs)] for s in samples]) * w[:, None]
     y = np.ones(len(samples))
     keep = list(range(len(TERMS)))
     while True:

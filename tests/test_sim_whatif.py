@@ -63,6 +63,21 @@ def test_expert_parallel_across_nodes_is_bounded_by_the_nic():
     assert slow - ep16.step_seconds(tokens, attended) == pytest.approx(per_pair * (1 - 0.5 ** 8) / nic - nvlink)
 
 
+def test_overlap_hides_the_all_to_all_behind_compute():
+    from dataclasses import replace as _replace
+    plain = _cost("GB300-NVL72", 8, True, imbalance=2.56)
+    hidden = build(SimConfig("GB300-NVL72", "deepseek-r1", 1, 8, "fp8", "fp8", ep=True, expert_imbalance=2.56,
+                             ep_overlap=True))[0]
+    free = _cost("GB300-NVL72", 8, True, imbalance=2.56)            # NVLink so fast the all-to-all is ~0
+    free.hw = _replace(free.hw, figures={**free.hw.figures, "nvlink_bytes_per_s": (1e30, "test")})
+    for tokens in (64, 4096):
+        compute = free.step_seconds(tokens, tokens * 500)
+        comm = plain.step_seconds(tokens, tokens * 500) - compute
+        assert comm > 0 and hidden.step_seconds(tokens, tokens * 500) == pytest.approx(max(compute, comm))
+    assert hidden.describe()["expert_parallel"]["overlap"] is True
+    assert scenario_for("ep32_overlap").overlap and scenario_for("ep32_overlap").ep == 32
+
+
 def test_levers_outside_the_hardware_say_why():
     from dataclasses import replace as _replace
     assert why_not("H200", scenario_for("ep32")) is None              # across 4 nodes over the NIC
@@ -112,8 +127,8 @@ def test_whatif_table_from_simulated_runs(tmp_path, capsys):
     assert stacked["simulated"] and stacked["scenario"]["workers"] == 2 and stacked["scenario"]["route"] == "kv"
     assert stacked["points"][-1]["sessions"] == 2 * rows[("H200", "all")]["points"][-1]["sessions"]
     assert any("extrapolat" in a for a in r["assumptions"]) and any("power: H200" in a for a in r["assumptions"])
-    assert [c["seed"] for c in r["claims"]] == [30.0, 30.0, 4.0, 1.8, 5.0, 5.0]
-    assert r["claims"][4]["simulated"] is not None                # pod flash vs the fleet without it
+    assert [c["seed"] for c in r["claims"]] == [30.0, 30.0, 4.0, 1.8, 1.8, 5.0, 5.0]
+    assert r["claims"][5]["simulated"] is not None                # pod flash vs the fleet without it
     md = (tmp_path / "whatif.md").read_text()
     assert "| GB300-NVL72 | baseline |" in md and "**160**" in md and "Assumptions:" in md
     assert r["plot"].endswith("whatif.png") and (tmp_path / "whatif.png").stat().st_size > 0

@@ -33,6 +33,7 @@ class SimConfig:
     step_overhead_s: float = 0.0
     ep: bool = False                         # expert parallelism over the worker's GPUs (else ideal scaling)
     expert_imbalance: float = 1.0            # max / mean tokens per GPU under EP
+    ep_overlap: bool = False                 # the all-to-all hidden behind compute (two-batch overlap)
     token_weight: float = 1.0                # a trace token stands for this many real ones (CostModel)
     disk_tier: str | None = None             # G3 local NVMe bytes per worker ("catalog": its drives); None: none
 
@@ -45,7 +46,7 @@ def build(cfg: SimConfig, calibration: StepFit | None = None,
     if cfg.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {cfg.workers}")
     hw, model = get_hardware(cfg.hardware), get_model(cfg.model)
-    ep = ExpertParallel(cfg.gpus_per_worker, cfg.expert_imbalance) if cfg.ep else None
+    ep = ExpertParallel(cfg.gpus_per_worker, cfg.expert_imbalance, cfg.ep_overlap) if cfg.ep else None
     cost = CostModel(hw, model, cfg.weights_format, cfg.kv_format, cfg.gpus_per_worker, cfg.step_overhead_s,
                      calibration, ep, cfg.token_weight)
     room = cost.kv_budget(cfg.memory_utilization)             # also: do the weights fit at all

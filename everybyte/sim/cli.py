@@ -44,13 +44,15 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
                    "over NVLink, experts spread) instead of ideal scaling")
     g.add_argument("--expert-imbalance", type=float, default=1.0, help="with --ep: max/mean tokens per GPU "
                    "(no EPLB ~2.56, EPLB ~1.11 for DeepSeek-R1 at EP32, ../shared/specs/nvfp4.md)")
+    g.add_argument("--ep-overlap", action="store_true", help="with --ep: the all-to-all hidden behind compute "
+                   "(two micro-batches, as DeepSeek serves R1): a step costs max(compute, all-to-all), ideally")
 
 
 def config_from(args) -> SimConfig:
     return SimConfig(args.hardware, args.model, args.workers or 1, args.gpus_per_worker, args.weights_format,
                      args.kv_format, args.kv_cache, args.memory_utilization, args.host_tier, args.block_size,
                      args.max_num_seqs, args.max_num_batched_tokens, args.step_overhead_us * 1e-6, args.ep,
-                     args.expert_imbalance, disk_tier=args.disk_tier)
+                     args.expert_imbalance, disk_tier=args.disk_tier, ep_overlap=args.ep_overlap)
 
 
 def run_parser() -> argparse.ArgumentParser:

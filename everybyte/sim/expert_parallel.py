@@ -14,7 +14,9 @@ Per GPU and step, for T tokens computed by the worker (context attended A):
   (uniform top-k: N - 1 other nodes of N, each reached with probability 1 - (1 - 1/N)^k) and
   then forwarded over NVLink inside it, so NVLink still carries every remote token-expert pair;
   the two links run at once and the slower sets the all-to-all.
-step = max(FLOPs / peak, bytes / HBM bandwidth) + all-to-all.
+step = max(FLOPs / peak, bytes / HBM bandwidth) + all-to-all; with `overlap` (two micro-batches,
+each one's all-to-all hidden behind the other's compute, as DeepSeek serves R1) the ideal
+max(compute, all-to-all).
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ DISPATCH_BYTES, COMBINE_BYTES = 1, 2          # per hidden value: FP8 out, BF16 
 class ExpertParallel:
     gpus: int                                 # EP degree = GPUs in the worker
     imbalance: float = 1.0                    # max / mean tokens per GPU (EPLB: ~1.11; none: ~2.56 at EP32)
+    overlap: bool = False                     # all-to-all hidden behind compute (two-batch overlap), ideally
 
     def __post_init__(self):
         if self.gpus < 1 or not self.imbalance >= 1.0:
@@ -53,7 +56,7 @@ class ExpertParallel:
         if nodes > 1:
             reached = (nodes - 1) * (1.0 - (1.0 - 1.0 / nodes) ** m.experts_per_token)
             comm = max(comm, per_pair * reached / cost.hw.need("nic_bytes_per_s"))
-        return compute + comm
+        return max(compute, comm) if self.overlap else compute + comm
 
     def nodes(self, hw) -> int:
         """NVLink domains the EP group spans (1 when it fits one)."""
@@ -61,11 +64,13 @@ class ExpertParallel:
         return max(1, -(-self.gpus // domain))
 
     def describe(self) -> dict:
-        return {"ep": self.gpus, "imbalance": self.imbalance, "assumptions": [
+        return {"ep": self.gpus, "imbalance": self.imbalance, "overlap": self.overlap, "assumptions": [
             "attention and dense layers data-parallel: every GPU holds them and computes its T/g tokens",
             "routed experts E/g per GPU per MoE layer; distinct experts reached: uniform top-k",
             "expert FLOPs and all-to-all bytes x the imbalance (max/mean tokens per GPU)",
             "two all-to-alls per MoE layer (FP8 dispatch, BF16 combine) at half the NVLink figure "
-            "(one direction), not overlapped with compute, no latency term",
+            "(one direction), no latency term, not overlapped with compute"
+            + (" unless overlapped (two micro-batches: the step is the ideal max of compute and all-to-all)"
+               if self.overlap else ""),
             "beyond one NVLink domain: each token once per other node it reaches over the NIC (per GPU, "
             "one direction), then forwarded over NVLink; the slower link sets the all-to-all"]}

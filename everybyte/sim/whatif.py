@@ -31,6 +31,7 @@ class Scenario:
     kv_format: str = "fp8"
     ep: int = 8
     imbalance: float = EPLB_BEFORE
+    overlap: bool = False             # the all-to-all hidden behind compute (two-batch overlap)
     host_staging: bool = False
     workers: int = 1                  # a fleet of this many workers behind the router
     route: str = "sticky"             # sim run --route: sticky | round-robin | kv
@@ -52,6 +53,8 @@ LEVERS: dict[str, dict[str, Any] | str] = {
     "nvfp4_kv": {"kv_format": "nvfp4"},
     "ep32": {"ep": 32},
     "ep64": {"ep": 64},
+    "ep_overlap": {"overlap": True},
+    "ep32_overlap": {"ep": 32, "overlap": True},
     "eplb": {"imbalance": EPLB_AFTER},
     "host_staging": {"host_staging": True},
     "local_nvme": {"host_staging": True, "local_nvme": True},
@@ -150,7 +153,7 @@ def run_point(cfg: WhatIfConfig, hw_name: str, s: Scenario, trace: Trace, scalin
         host = str(int(size * s.ep))
     sim = SimConfig(hw_name, "deepseek-r1", s.workers, s.ep, s.weights_format, s.kv_format, None,
                     cfg.memory_utilization, host, 16, cfg.max_num_seqs * s.ep, cfg.max_num_batched_tokens * s.ep,
-                    ep=True, expert_imbalance=s.imbalance, token_weight=scaling.token_scale,
+                    ep=True, expert_imbalance=s.imbalance, token_weight=scaling.token_scale, ep_overlap=s.overlap,
                     disk_tier="catalog" if s.local_nvme else None)
     threshold = max(int(DISAGG_THRESHOLD_TOKENS / scaling.token_scale), 0) if s.disagg else None
     prefill = min(DISAGG_PREFILL_WORKERS, s.workers - 1) if s.disagg else None

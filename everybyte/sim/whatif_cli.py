@@ -73,6 +73,8 @@ def assumptions(cfg: WhatIfConfig, trace, scaling: Scaling, path: str) -> list[s
         "baseline: FP8 weights, FP8 KV, EP8 (one worker = 8 GPUs), imbalance 2.56, no host staging; a lever "
         "changes one of these; 'all' = NVFP4 weights + NVFP4 KV + EP64 + EPLB + host staging, less what the hardware "
         "lacks (its row's 'dropped': EP capped at the NVLink domain, no staging without a host link)",
+        "ep_overlap / ep32_overlap: EP8 / EP32 with the all-to-all hidden behind compute (two micro-batches, "
+        "as DeepSeek serves R1), ideally: a step costs max(compute, all-to-all) instead of their sum",
         f"EPLB: imbalance (max/mean tokens per GPU) {EPLB_BEFORE} without, {EPLB_AFTER} with "
         "(../shared/specs/nvfp4.md, DeepSeek-R1 at EP32), applied at every EP degree",
         f"host staging: parked sessions' KV offloaded to a G2 tier of the catalog's host memory per GPU, or "

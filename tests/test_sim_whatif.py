@@ -75,6 +75,8 @@ def test_overlap_hides_the_all_to_all_behind_compute():
         comm = plain.step_seconds(tokens, tokens * 500) - compute
         assert comm > 0 and hidden.step_seconds(tokens, tokens * 500) == pytest.approx(max(compute, comm))
     assert hidden.describe()["expert_parallel"]["overlap"] is True
+    with pytest.raises(ValueError, match="--ep-overlap needs --ep"):
+        build(SimConfig("GB300-NVL72", "deepseek-r1", 1, 8, "fp8", "fp8", ep_overlap=True))
     assert scenario_for("ep32_overlap").overlap and scenario_for("ep32_overlap").ep == 32
 
 

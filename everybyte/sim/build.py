@@ -46,6 +46,8 @@ def build(cfg: SimConfig, calibration: StepFit | None = None,
     if cfg.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {cfg.workers}")
     hw, model = get_hardware(cfg.hardware), get_model(cfg.model)
+    if cfg.ep_overlap and not cfg.ep:
+        raise ValueError("--ep-overlap needs --ep (it overlaps expert parallelism's all-to-all)")
     ep = ExpertParallel(cfg.gpus_per_worker, cfg.expert_imbalance, cfg.ep_overlap) if cfg.ep else None
     cost = CostModel(hw, model, cfg.weights_format, cfg.kv_format, cfg.gpus_per_worker, cfg.step_overhead_s,
                      calibration, ep, cfg.token_weight)

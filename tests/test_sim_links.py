@@ -58,6 +58,8 @@ def test_concurrent_loads_share_the_link_and_a_read_waits_for_its_write():
     assert stats["G2 read"]["queued_s"] > 0
     host.delete(b"a")
     assert b"a" not in host.landed_at
+    tiers.put_down([b"c"], mover.store([2], [b"c"]))      # a later write forgets those that have landed
+    assert list(host.landed_at) == [b"c"]
 
 
 PODS = ["--hardware", "H200", "--kv-cache", "48MiB", "--workers", "2", "--route", "round-robin", "--max-gap", "5",

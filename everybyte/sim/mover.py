@@ -41,7 +41,14 @@ class SimMover:
         now = self.clock.monotonic()
         end = self.lanes.write(tier.level, now, len(names) * self.nbytes) if names else None
         landed = getattr(tier, "landed_at", None)
-        if end is not None and end > now and landed is not None:
+        if landed is None:
+            return
+        while landed:                           # forget writes that have landed, oldest first
+            first = next(iter(landed))
+            if landed[first] > now:
+                break
+            del landed[first]
+        if end is not None and end > now:
             for n in names:
                 landed[n] = end
 

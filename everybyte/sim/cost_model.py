@@ -25,6 +25,10 @@ class TierLink:
     latency_s: float = 0.0
     write_bytes_per_s: float | None = None    # writes (offloads, spills, write-through); None: as reads
 
+    @property
+    def write_rate(self) -> float:
+        return self.write_bytes_per_s or self.bytes_per_s
+
 
 class CostModel:
     def __init__(self, hw: Hardware, model: ModelShape, weights_format: str = "bf16", kv_format: str = "bf16",
@@ -153,7 +157,7 @@ class CostModel:
     def write_seconds(self, level: str, nbytes: int) -> float:
         """A write of nbytes to `level` (its link's write bandwidth: the links are full duplex)."""
         link = self.tiers[level]
-        return link.latency_s + nbytes / (link.write_bytes_per_s or link.bytes_per_s)
+        return link.latency_s + nbytes / link.write_rate
 
     def describe(self) -> dict[str, Any]:
         return {"hardware": self.hw.name, "gpus_per_worker": self.gpus, "compute_format": self.compute_format,
@@ -167,7 +171,7 @@ class CostModel:
                     "coefficients": self.calibration.coefficients, "residuals": self.calibration.residuals,
                     "samples": self.calibration.samples, "source": self.calibration.source},
                 "tiers": {k: {"bytes_per_s": v.bytes_per_s, "latency_s": v.latency_s,
-                          "write_bytes_per_s": v.write_bytes_per_s or v.bytes_per_s} for k, v in self.tiers.items()},
+                          "write_bytes_per_s": v.write_rate} for k, v in self.tiers.items()},
                 "assumptions": [
                     "roofline per step: max(FLOPs / peak, bytes / HBM bandwidth) + a fixed overhead",
                     "weights read once per step; MoE: expected distinct experts reached by the batch (uniform top-k)",

@@ -123,9 +123,7 @@ def _pod_lanes(f: FleetConfig) -> tuple[dict[tuple[str, str], Lane], dict[str, i
             continue
         if tier is None:
             raise ValueError(f"{flag} needs the tier it caps: add {tier_flag}")
-        rate = rates[level] = tier_bytes(flag, value, 0)
-        if rate <= 0:
-            raise ValueError(f"{flag} must be a positive number of bytes per second, got {value!r}")
+        rate = rates[level] = tier_bytes(flag, value, 0)          # refuses 0 and negatives
         lanes[(level, "read")], lanes[(level, "write")] = aggregate_lane(rate), aggregate_lane(rate)
     return lanes, rates
 

@@ -11,14 +11,20 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import importlib.machinery
+import importlib.util
 import os
 import platform
 import shutil
 import subprocess
+import sysconfig
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Callable
+from types import ModuleType
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC", "-Wno-psabi"]
@@ -75,12 +81,29 @@ def load(name: str, source: str, flags: list[str] | None = None) -> ctypes.CDLL:
         return ctypes.CDLL(str(build(name, source, openmp=False, flags=flags)))
 
 
+def load_module(name: str, source: str) -> ModuleType:
+    """Build `source` as the CPython extension module `name` (PyInit_<name>) against this
+    interpreter's headers, and import it; raises what the build or the import raised."""
+    inc = sysconfig.get_paths()["include"]
+    if not os.path.exists(os.path.join(inc, "Python.h")):
+        raise OSError(f"no Python.h in {inc} (install the Python development headers)")
+    flags = ["-O2", "-shared", "-fPIC", "-fno-strict-aliasing", "-I", inc]
+    path = build(name, source, openmp=False, flags=flags)
+    loader = importlib.machinery.ExtensionFileLoader(name, str(path))
+    spec = importlib.util.spec_from_file_location(name, str(path), loader=loader)
+    if spec is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
 def csrc(*files: str) -> str:
     """The text of csrc/FILE... joined, as one translation unit."""
     return "\n".join((CSRC / f).read_text() for f in files)
 
 
-def try_build(what: str, fallback: str, build: Callable[[], ctypes.CDLL]) -> tuple[ctypes.CDLL | None, str | None]:
+def try_build(what: str, fallback: str, build: Callable[[], T]) -> tuple[T | None, str | None]:
     """(build(), None), or (None, why) with a warning that callers use `fallback` instead of `what`."""
     try:
         return build(), None

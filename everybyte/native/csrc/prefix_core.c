@@ -1,0 +1,1047 @@
+/* The G1 prefix cache's control plane in C: kv/prefix_cache.PrefixCache with its default policy,
+ * ParkedFirst(LRUPolicy()), and its session side (kv/prefix_sessions), decision for decision.
+ * kv/prefix_core.py wraps it; the Python classes stay the reference (tests/test_prefix_core.py
+ * drives both with the same random operations and compares every result).
+ *
+ * State per block id lives in C arrays (reference count, name, LRU links, parked rank and tick,
+ * free tick); names, owners and sessions stay Python objects (bytes, sets, dicts) so set
+ * iteration orders, and hence every tie, are the reference's. The LRU is an intrusive list, the
+ * parked side a heap of runs keyed by (-rank, first tick) as in kv/parked_runs.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    double neg;             /* -rank */
+    int64_t key;            /* the tick it entered the heap with (unique) */
+    int32_t *blocks;
+    int64_t *ticks;
+    Py_ssize_t n, i;        /* i: first element not consumed */
+} Run;
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t nb;
+    int32_t *ref;
+    PyObject **names;       /* NULL or bytes (owned) */
+    PyObject **owners;      /* NULL or set (owned) */
+    PyObject *by_name;      /* dict name -> int */
+    PyObject *session_blocks; /* dict owner -> set of int */
+    PyObject *parked;       /* dict session -> expected return (float or None) */
+    int32_t *empty;         /* ring buffer */
+    Py_ssize_t e_head, e_len;
+    int64_t *freed_at;
+    int64_t tick;
+    int32_t *prev, *next;   /* LRU, oldest at head */
+    uint8_t *in_lru;
+    int32_t lru_head, lru_tail;
+    Py_ssize_t lru_len;
+    uint8_t *is_parked;     /* ParkedFirst._parked */
+    double *rank;
+    int64_t *ep_tick;       /* ParkedFirst._evictable_parked (-1: absent) */
+    Py_ssize_t ep_len;
+    int64_t ptick;
+    uint8_t *mark;          /* scratch */
+    Run **heap;
+    Py_ssize_t heap_len, heap_cap, runs_size;
+    PyObject *on_evict, *on_event, *hooks, *shared, *no_free;
+    int max_owners, block_size;
+    long long st_lookups, st_lookup_blocks, st_hit_blocks, st_evictions, st_commits, st_dup;
+} Core;
+
+/* ---- LRU ----------------------------------------------------------------------------------- */
+static void lru_unlink(Core *c, int32_t b) {
+    int32_t p = c->prev[b], n = c->next[b];
+    if (p >= 0) c->next[p] = n; else c->lru_head = n;
+    if (n >= 0) c->prev[n] = p; else c->lru_tail = p;
+    c->in_lru[b] = 0;
+    c->lru_len--;
+}
+static void lru_append(Core *c, int32_t b) {
+    c->prev[b] = c->lru_tail;
+    c->next[b] = -1;
+    if (c->lru_tail >= 0) c->next[c->lru_tail] = b; else c->lru_head = b;
+    c->lru_tail = b;
+    c->in_lru[b] = 1;
+    c->lru_len++;
+}
+static void lru_insert(Core *c, int32_t b) { if (c->in_lru[b]) lru_unlink(c, b); lru_append(c, b); }
+static void lru_remove(Core *c, int32_t b) { if (c->in_lru[b]) lru_unlink(c, b); }
+static int32_t lru_pop(Core *c) {
+    int32_t b = c->lru_head;
+    if (b >= 0) lru_unlink(c, b);
+    return b;
+}
+
+/* ---- parked runs (a heap keyed by (neg, key)) ------------------------------------------------ */
+static int run_less(const Run *a, const Run *b) { return a->neg < b->neg || (a->neg == b->neg && a->key < b->key); }
+static void heap_down(Core *c, Py_ssize_t i) {
+    Run **h = c->heap;
+    for (;;) {
+        Py_ssize_t l = 2 * i + 1, m = i;
+        if (l < c->heap_len && run_less(h[l], h[m])) m = l;
+        if (l + 1 < c->heap_len && run_less(h[l + 1], h[m])) m = l + 1;
+        if (m == i) return;
+        Run *t = h[i]; h[i] = h[m]; h[m] = t; i = m;
+    }
+}
+static void free_run(Run *r) { free(r->blocks); free(r->ticks); free(r); }
+static int heap_push(Core *c, Run *r) {
+    if (c->heap_len == c->heap_cap) {
+        Py_ssize_t cap = c->heap_cap ? 2 * c->heap_cap : 64;
+        Run **h = realloc(c->heap, cap * sizeof(Run *));
+        if (!h) { free_run(r); PyErr_NoMemory(); return -1; }
+        c->heap = h; c->heap_cap = cap;
+    }
+    Py_ssize_t i = c->heap_len++;
+    c->heap[i] = r;
+    while (i > 0) {
+        Py_ssize_t p = (i - 1) / 2;
+        if (!run_less(c->heap[i], c->heap[p])) break;
+        Run *t = c->heap[i]; c->heap[i] = c->heap[p]; c->heap[p] = t; i = p;
+    }
+    return 0;
+}
+static void heap_pop_top(Core *c) {
+    free_run(c->heap[0]);
+    c->heap[0] = c->heap[--c->heap_len];
+    if (c->heap_len) heap_down(c, 0);
+}
+static Run *new_run(double neg, const int32_t *blocks, const int64_t *ticks, Py_ssize_t n) {
+    Run *r = malloc(sizeof(Run));
+    if (!r) return NULL;
+    r->blocks = malloc(n * sizeof(int32_t));
+    r->ticks = malloc(n * sizeof(int64_t));
+    if (!r->blocks || !r->ticks) { free(r->blocks); free(r->ticks); free(r); return NULL; }
+    memcpy(r->blocks, blocks, n * sizeof(int32_t));
+    memcpy(r->ticks, ticks, n * sizeof(int64_t));
+    r->neg = neg; r->key = ticks[0]; r->n = n; r->i = 0;
+    return r;
+}
+static int runs_push(Core *c, double rank, const int32_t *blocks, Py_ssize_t n, int64_t first_tick) {
+    if (n == 0) return 0;
+    int64_t *ticks = malloc(n * sizeof(int64_t));
+    if (!ticks) { PyErr_NoMemory(); return -1; }
+    for (Py_ssize_t k = 0; k < n; k++) ticks[k] = first_tick + k;
+    Run *r = new_run(-rank, blocks, ticks, n);
+    free(ticks);
+    if (!r) { PyErr_NoMemory(); return -1; }
+    c->runs_size += n;
+    return heap_push(c, r);
+}
+static int32_t runs_pop(Core *c) {
+    while (c->heap_len) {
+        Run *r = c->heap[0];
+        Py_ssize_t start = r->i, i = r->i;
+        while (i < r->n) {
+            int32_t b = r->blocks[i];
+            i++;
+            if (c->ep_tick[b] == r->ticks[i - 1]) {
+                r->i = i;
+                c->runs_size -= i - start;
+                if (i == r->n) heap_pop_top(c);
+                return b;
+            }
+        }
+        c->runs_size -= r->n - start;
+        heap_pop_top(c);
+    }
+    return -1;
+}
+static int runs_compact(Core *c) {
+    if (c->runs_size <= 2 * c->ep_len + 64) return 0;
+    Py_ssize_t old = c->heap_len, kept = 0, size = 0;
+    for (Py_ssize_t h = 0; h < old; h++) {
+        Run *r = c->heap[h];
+        Py_ssize_t w = 0;
+        for (Py_ssize_t k = r->i; k < r->n; k++)
+            if (c->ep_tick[r->blocks[k]] == r->ticks[k]) { r->blocks[w] = r->blocks[k]; r->ticks[w] = r->ticks[k]; w++; }
+        if (w) { r->n = w; r->i = 0; r->key = r->ticks[0]; c->heap[kept++] = r; size += w; }
+        else free_run(r);
+    }
+    c->heap_len = kept;
+    c->runs_size = size;
+    for (Py_ssize_t i = kept / 2 - 1; i >= 0; i--) heap_down(c, i);
+    return 0;
+}
+
+/* ---- ParkedFirst(LRUPolicy()) ----------------------------------------------------------------- */
+static Py_ssize_t pf_len(Core *c) { return c->ep_len + c->lru_len; }
+static int pf_insert(Core *c, int32_t b) {
+    if (c->is_parked[b]) {
+        if (c->ep_tick[b] < 0) c->ep_len++;
+        int64_t t = c->ep_tick[b] = c->ptick++;
+        if (runs_push(c, c->rank[b], &b, 1, t) < 0) return -1;
+        return runs_compact(c);
+    }
+    lru_insert(c, b);
+    return 0;
+}
+static void pf_remove(Core *c, int32_t b) {
+    if (c->ep_tick[b] >= 0) { c->ep_tick[b] = -1; c->ep_len--; }
+    else lru_remove(c, b);
+}
+static int pf_set_parked(Core *c, int32_t b, double rank) {
+    if (c->ep_tick[b] >= 0) { c->ep_tick[b] = -1; c->ep_len--; }
+    else if (c->in_lru[b]) lru_unlink(c, b);
+    else { c->is_parked[b] = 1; c->rank[b] = rank; return 0; }
+    c->is_parked[b] = 1; c->rank[b] = rank;
+    return pf_insert(c, b);
+}
+static void pf_unpark(Core *c, int32_t b) {
+    if (c->is_parked[b]) {
+        c->is_parked[b] = 0;
+        if (c->ep_tick[b] >= 0) { c->ep_tick[b] = -1; c->ep_len--; lru_insert(c, b); }
+    }
+}
+static int32_t pf_pop(Core *c) {
+    int32_t b = runs_pop(c);
+    if (b < 0) return lru_pop(c);
+    c->ep_tick[b] = -1; c->ep_len--;
+    c->is_parked[b] = 0;
+    return b;
+}
+static void pf_touch(Core *c, int32_t b) { if (c->ep_tick[b] < 0 && c->in_lru[b]) { lru_unlink(c, b); lru_append(c, b); } }
+
+/* ranks: NAN where the reference passes None (unpark) */
+static int pf_set_classes(Core *c, const int32_t *blocks, const double *ranks, Py_ssize_t n) {
+    for (Py_ssize_t k = 0; k < n; k++) {
+        int32_t b = blocks[k];
+        if (!isnan(ranks[k]) && c->ep_tick[b] < 0 && c->in_lru[b]) { lru_unlink(c, b); c->mark[b] = 1; }
+    }
+    int32_t *back = malloc((n ? n : 1) * sizeof(int32_t)), *run = malloc((n ? n : 1) * sizeof(int32_t));
+    if (!back || !run) { free(back); free(run); PyErr_NoMemory(); return -1; }
+    Py_ssize_t nback = 0, nrun = 0;
+    double run_rank = 0.0;
+    int64_t run_tick = 0;
+    int rc = 0;
+    for (Py_ssize_t k = 0; k < n && rc == 0; k++) {
+        int32_t b = blocks[k];
+        double r = ranks[k];
+        if (isnan(r)) {
+            if (c->is_parked[b]) {
+                c->is_parked[b] = 0;
+                if (c->ep_tick[b] >= 0) { c->ep_tick[b] = -1; c->ep_len--; back[nback++] = b; }
+            }
+            continue;
+        }
+        c->is_parked[b] = 1; c->rank[b] = r;
+        if (c->ep_tick[b] >= 0 || c->mark[b]) {
+            if (c->ep_tick[b] < 0) c->ep_len++;
+            int64_t t = c->ep_tick[b] = c->ptick++;
+            if (nrun && r != run_rank) { rc = runs_push(c, run_rank, run, nrun, run_tick); nrun = 0; }
+            if (!nrun) { run_rank = r; run_tick = t; }
+            run[nrun++] = b;
+        }
+    }
+    for (Py_ssize_t k = 0; k < n; k++) c->mark[blocks[k]] = 0;
+    if (rc == 0) rc = runs_push(c, run_rank, run, nrun, run_tick);
+    for (Py_ssize_t k = 0; k < nback; k++) lru_insert(c, back[k]);
+    free(back); free(run);
+    if (rc == 0) rc = runs_compact(c);
+    return rc;
+}
+
+/* ---- helpers ------------------------------------------------------------------------------- */
+static int check_block(Core *c, Py_ssize_t b) {
+    if (b < 0 || b >= c->nb) { PyErr_Format(PyExc_IndexError, "block id %zd out of range 0..%zd", b, c->nb - 1); return -1; }
+    return 0;
+}
+/* block ids of a sequence into a malloc'd array; -1 with an error set */
+static Py_ssize_t block_array(Core *c, PyObject *seq, int32_t **out) {
+    PyObject *fast = PySequence_Fast(seq, "block ids must be a sequence");
+    if (!fast) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    int32_t *a = malloc((n ? n : 1) * sizeof(int32_t));
+    if (!a) { Py_DECREF(fast); PyErr_NoMemory(); return -1; }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        Py_ssize_t b = PyLong_AsSsize_t(items[k]);
+        if ((b == -1 && PyErr_Occurred()) || check_block(c, b) < 0) { free(a); Py_DECREF(fast); return -1; }
+        a[k] = (int32_t)b;
+    }
+    Py_DECREF(fast);
+    *out = a;
+    return n;
+}
+static PyObject *int_list(const int32_t *a, Py_ssize_t n) {
+    PyObject *l = PyList_New(n);
+    if (!l) return NULL;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *v = PyLong_FromLong(a[k]);
+        if (!v) { Py_DECREF(l); return NULL; }
+        PyList_SET_ITEM(l, k, v);
+    }
+    return l;
+}
+static void empty_append(Core *c, int32_t b) { c->empty[(c->e_head + c->e_len++) % c->nb] = b; }
+static int32_t empty_popleft(Core *c) { int32_t b = c->empty[c->e_head]; c->e_head = (c->e_head + 1) % c->nb; c->e_len--; return b; }
+
+static double park_rank(PyObject *v, int *err) {
+    if (v == Py_None) return INFINITY;
+    double d = PyFloat_AsDouble(v);
+    if (d == -1.0 && PyErr_Occurred()) *err = 1;
+    return d;
+}
+static int hook(Core *c, const char *name, PyObject *args) {       /* steals args */
+    if (!args) return -1;
+    PyObject *f = PyObject_GetAttrString(c->hooks, name);
+    if (!f) { Py_DECREF(args); return -1; }
+    PyObject *r = PyObject_CallObject(f, args);
+    Py_DECREF(f); Py_DECREF(args);
+    if (!r) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* ---- sessions (kv/prefix_sessions) ------------------------------------------------------------ */
+/* rank of a block: 1 with *rank set when every owner is a parked session, 0 when not, -1 error */
+static int block_rank(Core *c, int32_t b, double *rank) {
+    PyObject *owners = c->owners[b];
+    Py_ssize_t n = owners ? PySet_GET_SIZE(owners) : 0;
+    if (n == 0) return 0;
+    Py_ssize_t pos = 0;
+    PyObject *o;
+    Py_hash_t h;
+    double best = INFINITY;
+    int err = 0;
+    while (_PySet_NextEntry(owners, &pos, &o, &h)) {
+        PyObject *v = PyDict_GetItemWithError(c->parked, o);
+        if (!v) return PyErr_Occurred() ? -1 : 0;
+        double r = park_rank(v, &err);
+        if (err) return -1;
+        if (r < best) best = r;
+    }
+    *rank = best;
+    return 1;
+}
+static int reclass(Core *c, int32_t b) {
+    double r;
+    int k = block_rank(c, b, &r);
+    if (k < 0) return -1;
+    if (k == 0) { pf_unpark(c, b); return 0; }
+    return pf_set_parked(c, b, r);
+}
+static int own(Core *c, int32_t b, PyObject *owner) {
+    PyObject *owners = c->owners[b];
+    if (!owners) {
+        owners = c->owners[b] = PySet_New(NULL);
+        if (!owners) return -1;
+    } else {
+        int k = PySet_Contains(owners, owner);
+        if (k < 0) return -1;
+        if (k) return 0;
+        k = PySet_Contains(owners, c->shared);
+        if (k) return k < 0 ? -1 : 0;
+    }
+    if (PySet_GET_SIZE(owners) >= c->max_owners) owner = c->shared;
+    if (PySet_Add(owners, owner) < 0) return -1;
+    if (owner != Py_None && owner != c->shared) {
+        PyObject *blocks = PyDict_GetItemWithError(c->session_blocks, owner);
+        if (!blocks) {
+            if (PyErr_Occurred()) return -1;
+            blocks = PySet_New(NULL);
+            if (!blocks || PyDict_SetItem(c->session_blocks, owner, blocks) < 0) { Py_XDECREF(blocks); return -1; }
+            Py_DECREF(blocks);
+        }
+        PyObject *key = PyLong_FromLong(b);
+        if (!key || PySet_Add(blocks, key) < 0) { Py_XDECREF(key); return -1; }
+        Py_DECREF(key);
+    }
+    int k = PyDict_Contains(c->parked, owner);
+    if (k < 0) return -1;
+    if (k) return reclass(c, b);
+    pf_unpark(c, b);
+    return 0;
+}
+typedef struct { int64_t key; Py_ssize_t idx; int32_t b; } Keyed;
+static int keyed_cmp(const void *x, const void *y) {
+    const Keyed *a = x, *b = y;
+    if (a->key != b->key) return a->key < b->key ? -1 : 1;
+    return a->idx < b->idx ? -1 : (a->idx > b->idx);
+}
+/* the session's blocks in the order they were freed (stable, as sorted(set, key=freed_at)) */
+static Py_ssize_t session_order(Core *c, PyObject *sid, int32_t **out) {
+    PyObject *blocks = PyDict_GetItemWithError(c->session_blocks, sid);
+    if (!blocks && PyErr_Occurred()) return -1;
+    Py_ssize_t n = blocks ? PySet_GET_SIZE(blocks) : 0, pos = 0, k = 0;
+    Keyed *ks = malloc((n ? n : 1) * sizeof(Keyed));
+    int32_t *a = malloc((n ? n : 1) * sizeof(int32_t));
+    if (!ks || !a) { free(ks); free(a); PyErr_NoMemory(); return -1; }
+    PyObject *o;
+    Py_hash_t h;
+    while (blocks && _PySet_NextEntry(blocks, &pos, &o, &h)) {
+        long b = PyLong_AsLong(o);
+        ks[k].b = (int32_t)b; ks[k].key = c->freed_at[b]; ks[k].idx = k; k++;
+    }
+    qsort(ks, k, sizeof(Keyed), keyed_cmp);
+    for (Py_ssize_t i = 0; i < k; i++) a[i] = ks[i].b;
+    free(ks);
+    *out = a;
+    return k;
+}
+static PyObject *named(Core *c, const int32_t *blocks, Py_ssize_t n) {
+    PyObject *l = PyList_New(n);
+    if (!l) return NULL;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *name = c->names[blocks[k]];
+        if (!name) { Py_DECREF(l); PyErr_SetString(PyExc_AssertionError, "a session block has no name"); return NULL; }
+        PyObject *t = Py_BuildValue("(iO)", blocks[k], name);
+        if (!t) { Py_DECREF(l); return NULL; }
+        PyList_SET_ITEM(l, k, t);
+    }
+    return l;
+}
+
+/* ---- forgetting and evicting ------------------------------------------------------------------ */
+/* a new reference to the name it had (or None) */
+static PyObject *forget(Core *c, int32_t b) {
+    PyObject *name = c->names[b];
+    c->names[b] = NULL;
+    if (name) {
+        PyObject *v = PyDict_GetItemWithError(c->by_name, name);
+        if (!v && PyErr_Occurred()) { Py_DECREF(name); return NULL; }
+        if (v && PyLong_AsLong(v) == b) {
+            if (PyDict_DelItem(c->by_name, name) < 0) { Py_DECREF(name); return NULL; }
+            if (c->on_event != Py_None && hook(c, "emit_removed", Py_BuildValue("(O[O])", c->on_event, name)) < 0) {
+                Py_DECREF(name); return NULL;
+            }
+        }
+    }
+    PyObject *owners = c->owners[b];
+    c->owners[b] = NULL;
+    if (owners) {
+        Py_ssize_t pos = 0;
+        PyObject *s, *key = PyLong_FromLong(b);
+        Py_hash_t h;
+        if (!key) { Py_DECREF(owners); Py_XDECREF(name); return NULL; }
+        while (_PySet_NextEntry(owners, &pos, &s, &h)) {
+            PyObject *blocks = PyDict_GetItemWithError(c->session_blocks, s);
+            if (!blocks) { if (PyErr_Occurred()) break; continue; }
+            if (PySet_Discard(blocks, key) < 0) break;
+            if (PySet_GET_SIZE(blocks) == 0 && PyDict_DelItem(c->session_blocks, s) < 0) break;
+        }
+        Py_DECREF(key);
+        Py_DECREF(owners);
+        if (PyErr_Occurred()) { Py_XDECREF(name); return NULL; }
+    }
+    pf_unpark(c, b);
+    if (!name) Py_RETURN_NONE;
+    return name;
+}
+/* on_evict, then forget: a new reference to the name */
+static PyObject *evicted(Core *c, int32_t b, PyObject *name) {
+    if (c->on_evict != Py_None) {
+        PyObject *r = PyObject_CallFunction(c->on_evict, "iO", b, name);
+        if (r) Py_DECREF(r);
+        else if (PyErr_ExceptionMatches(PyExc_Exception)) {
+            PyObject *t, *v, *tb;
+            PyErr_Fetch(&t, &v, &tb);
+            PyErr_NormalizeException(&t, &v, &tb);
+            if (tb) PyException_SetTraceback(v, tb);
+            int rc = hook(c, "log_evict_failure", Py_BuildValue("(iO)", b, v));
+            Py_XDECREF(t); Py_XDECREF(v); Py_XDECREF(tb);
+            if (rc < 0) return NULL;
+        } else return NULL;
+    }
+    c->st_evictions++;
+    return forget(c, b);
+}
+static PyObject *evict_one(Core *c, int32_t *out) {
+    int32_t b = pf_pop(c);
+    if (b < 0 || c->ref[b] != 0 || !c->names[b]) { PyErr_SetString(PyExc_AssertionError, "policy returned a block in use"); return NULL; }
+    *out = b;
+    PyObject *name = c->names[b];
+    Py_INCREF(name);
+    PyObject *r = evicted(c, b, name);
+    Py_DECREF(name);
+    return r;
+}
+static int evictable(Core *c, const int32_t *blocks, Py_ssize_t n) {
+    for (Py_ssize_t k = 0; k < n; k++) c->freed_at[blocks[k]] = ++c->tick;
+    for (Py_ssize_t k = 0; k < n; k++) if (pf_insert(c, blocks[k]) < 0) return -1;
+    return 0;
+}
+
+/* ---- methods ----------------------------------------------------------------------------------- */
+static Py_ssize_t lookup_into(Core *c, PyObject *names, int32_t **out, Py_ssize_t *total) {
+    PyObject *fast = PySequence_Fast(names, "names must be a sequence");
+    if (!fast) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast), k = 0;
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    int32_t *a = malloc((n ? n : 1) * sizeof(int32_t));
+    if (!a) { Py_DECREF(fast); PyErr_NoMemory(); return -1; }
+    for (; k < n; k++) {
+        PyObject *v = PyDict_GetItemWithError(c->by_name, items[k]);
+        if (!v) { if (PyErr_Occurred()) { free(a); Py_DECREF(fast); return -1; } break; }
+        a[k] = (int32_t)PyLong_AsLong(v);
+    }
+    Py_DECREF(fast);
+    *out = a;
+    if (total) *total = n;
+    return k;
+}
+static PyObject *Core_lookup(Core *c, PyObject *names) {
+    int32_t *a;
+    Py_ssize_t k = lookup_into(c, names, &a, NULL);
+    if (k < 0) return NULL;
+    PyObject *l = int_list(a, k);
+    free(a);
+    return l;
+}
+/* the hits of acquire(), with owner among each one's users; idle ones (ref 0) out of the policy */
+static Py_ssize_t claim(Core *c, PyObject *names, PyObject *owner, int32_t **hits, int32_t **idle, Py_ssize_t *nidle) {
+    Py_ssize_t total, n = lookup_into(c, names, hits, &total);
+    if (n < 0) return -1;
+    c->st_lookups++; c->st_lookup_blocks += total; c->st_hit_blocks += n;
+    int32_t *h = *hits, *id = malloc((n ? n : 1) * sizeof(int32_t));
+    if (!id) { free(h); PyErr_NoMemory(); return -1; }
+    Py_ssize_t ni = 0;
+    for (Py_ssize_t k = 0; k < n; k++) if (c->ref[h[k]] == 0) id[ni++] = h[k];
+    for (Py_ssize_t k = 0; k < ni; k++) pf_remove(c, id[k]);
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *owners = c->owners[h[k]];
+        int need = !owners;
+        if (owners) {
+            int a = PySet_Contains(owners, owner), s = a ? 0 : PySet_Contains(owners, c->shared);
+            if (a < 0 || s < 0) { free(h); free(id); return -1; }
+            need = !a && !s;
+        }
+        if (need && own(c, h[k], owner) < 0) { free(h); free(id); return -1; }
+    }
+    *idle = id; *nidle = ni;
+    return n;
+}
+/* acquire() takes a reference on each hit; refresh() hands the idle hits back as just freed, tail first */
+static PyObject *claim_call(Core *c, PyObject *args, PyObject *kw, int refresh) {
+    static char *kwl[] = {"names", "owner", NULL};
+    PyObject *names, *owner = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O", kwl, &names, &owner)) return NULL;
+    int32_t *h, *id;
+    Py_ssize_t ni, n = claim(c, names, owner, &h, &id, &ni);
+    if (n < 0) return NULL;
+    PyObject *l;
+    if (refresh) {
+        for (Py_ssize_t k = 0; k < ni / 2; k++) { int32_t t = id[k]; id[k] = id[ni - 1 - k]; id[ni - 1 - k] = t; }
+        l = evictable(c, id, ni) < 0 ? NULL : int_list(h, n);
+    } else {
+        for (Py_ssize_t k = 0; k < n; k++) c->ref[h[k]]++;
+        l = int_list(h, n);
+    }
+    free(h); free(id);
+    return l;
+}
+static PyObject *Core_acquire(Core *c, PyObject *args, PyObject *kw) { return claim_call(c, args, kw, 0); }
+static PyObject *Core_refresh(Core *c, PyObject *args, PyObject *kw) { return claim_call(c, args, kw, 1); }
+static PyObject *Core_share(Core *c, PyObject *ids) {
+    int32_t *a;
+    Py_ssize_t n = block_array(c, ids, &a);
+    if (n < 0) return NULL;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (c->ref[a[k]] < 1) { PyErr_Format(PyExc_ValueError, "block %d is not in use", a[k]); free(a); return NULL; }
+        c->ref[a[k]]++;
+    }
+    free(a);
+    Py_RETURN_NONE;
+}
+static PyObject *Core_allocate(Core *c, PyObject *args) {
+    Py_ssize_t n = 1;
+    if (!PyArg_ParseTuple(args, "|n", &n)) return NULL;
+    Py_ssize_t free_n = c->e_len + pf_len(c);
+    if (n > free_n) {
+        PyObject *msg = PyUnicode_FromFormat("need %zd blocks, %zd free or evictable", n, free_n);
+        if (msg) { PyErr_SetObject(c->no_free, msg); Py_DECREF(msg); }
+        return NULL;
+    }
+    PyObject *l = PyList_New(0);
+    if (!l) return NULL;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        int32_t b;
+        if (c->e_len) b = empty_popleft(c);
+        else {
+            PyObject *name = evict_one(c, &b);
+            if (!name) { Py_DECREF(l); return NULL; }
+            Py_DECREF(name);
+        }
+        c->ref[b] = 1;
+        PyObject *v = PyLong_FromLong(b);
+        if (!v || PyList_Append(l, v) < 0) { Py_XDECREF(v); Py_DECREF(l); return NULL; }
+        Py_DECREF(v);
+    }
+    return l;
+}
+static PyObject *Core_evict(Core *c, PyObject *args) {
+    Py_ssize_t n = 1;
+    if (!PyArg_ParseTuple(args, "|n", &n)) return NULL;
+    PyObject *l = PyList_New(0);
+    if (!l) return NULL;
+    while (PyList_GET_SIZE(l) < n && pf_len(c)) {
+        int32_t b;
+        PyObject *name = evict_one(c, &b);
+        if (!name) { Py_DECREF(l); return NULL; }
+        PyObject *t = Py_BuildValue("(iN)", b, name);
+        if (!t || PyList_Append(l, t) < 0) { Py_XDECREF(t); Py_DECREF(l); return NULL; }
+        Py_DECREF(t);
+        empty_append(c, b);
+    }
+    return l;
+}
+static PyObject *Core_evict_blocks(Core *c, PyObject *ids) {
+    int32_t *a;
+    Py_ssize_t n = block_array(c, ids, &a);
+    if (n < 0) return NULL;
+    PyObject *l = PyList_New(0);
+    for (Py_ssize_t k = 0; l && k < n; k++) {
+        int32_t b = a[k];
+        PyObject *name = c->names[b];
+        if (c->ref[b] != 0 || !name) continue;
+        pf_remove(c, b);
+        Py_INCREF(name);
+        PyObject *got = evicted(c, b, name);
+        Py_DECREF(name);
+        PyObject *t = got ? Py_BuildValue("(iN)", b, got) : NULL;
+        if (!t || PyList_Append(l, t) < 0) { Py_XDECREF(t); Py_CLEAR(l); break; }
+        Py_DECREF(t);
+        empty_append(c, b);
+    }
+    free(a);
+    return l;
+}
+static PyObject *Core_commit(Core *c, PyObject *args, PyObject *kw) {
+    static char *kwl[] = {"block_id", "name", "owner", "parent", "token_ids", NULL};
+    Py_ssize_t b;
+    PyObject *name, *owner = Py_None, *parent = Py_None, *tokens = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "nO|OOO", kwl, &b, &name, &owner, &parent, &tokens)) return NULL;
+    if (check_block(c, b) < 0) return NULL;
+    if (c->ref[b] < 1) return PyErr_Format(PyExc_ValueError, "block %zd is not in use", b);
+    PyObject *cur = c->names[b];
+    if (cur) {
+        int ne = PyObject_RichCompareBool(cur, name, Py_NE);
+        if (ne < 0) return NULL;
+        if (ne) {
+            PyObject *hex = PyObject_CallMethod(cur, "hex", NULL);
+            if (hex) { PyErr_Format(PyExc_ValueError, "block %zd is already named %U", b, hex); Py_DECREF(hex); }
+            return NULL;
+        }
+        if (own(c, (int32_t)b, owner) < 0) return NULL;
+        return PyLong_FromSsize_t(b);
+    }
+    PyObject *other = PyDict_GetItemWithError(c->by_name, name);
+    if (other) { c->st_dup++; Py_INCREF(other); return other; }
+    if (PyErr_Occurred()) return NULL;
+    PyObject *key = PyLong_FromSsize_t(b);
+    if (!key || PyDict_SetItem(c->by_name, name, key) < 0) { Py_XDECREF(key); return NULL; }
+    Py_INCREF(name);
+    c->names[b] = name;
+    c->st_commits++;
+    if (c->on_event != Py_None) {
+        PyObject *t = tokens ? tokens : Py_None;
+        if (hook(c, "emit_stored", Py_BuildValue("(OOiOO)", c->on_event, name, c->block_size, parent, t)) < 0) {
+            Py_DECREF(key); return NULL;
+        }
+    }
+    if (own(c, (int32_t)b, owner) < 0) { Py_DECREF(key); return NULL; }
+    return key;
+}
+static PyObject *Core_free(Core *c, PyObject *ids) {
+    int32_t *a;
+    Py_ssize_t n = block_array(c, ids, &a);
+    if (n < 0) return NULL;
+    int32_t *ev = malloc((n ? n : 1) * sizeof(int32_t));
+    if (!ev) { free(a); return PyErr_NoMemory(); }
+    Py_ssize_t ne = 0;
+    int failed = 0;
+    for (Py_ssize_t k = n - 1; k >= 0 && !failed; k--) {
+        int32_t b = a[k];
+        int32_t r = c->ref[b];
+        if (r < 1) { PyErr_Format(PyExc_ValueError, "block %d freed more often than taken", b); failed = 1; break; }
+        c->ref[b] = r - 1;
+        if (r == 1) {
+            if (!c->names[b]) {
+                PyObject *got = forget(c, b);
+                if (!got) { failed = 1; break; }
+                Py_DECREF(got);
+                empty_append(c, b);
+            } else ev[ne++] = b;
+        }
+    }
+    PyObject *t = NULL, *v = NULL, *tb = NULL;
+    if (failed) PyErr_Fetch(&t, &v, &tb);
+    int rc = evictable(c, ev, ne);
+    free(a); free(ev);
+    if (failed) { PyErr_Restore(t, v, tb); return NULL; }
+    if (rc < 0) return NULL;
+    Py_RETURN_NONE;
+}
+static PyObject *Core_touch(Core *c, PyObject *ids) {
+    int32_t *a;
+    Py_ssize_t n = block_array(c, ids, &a);
+    if (n < 0) return NULL;
+    for (Py_ssize_t k = 0; k < n; k++) pf_touch(c, a[k]);
+    free(a);
+    Py_RETURN_NONE;
+}
+static PyObject *Core_clear(Core *c, PyObject *unused) {
+    PyObject *hook_obj = c->on_event, *removed = PyList_New(0);
+    if (!removed) return NULL;
+    c->on_event = Py_None;               /* one AllBlocksCleared (or the removals) instead of n events */
+    Py_INCREF(Py_None);
+    Py_ssize_t n = 0;
+    int32_t b;
+    int failed = 0;
+    while ((b = pf_pop(c)) >= 0) {
+        PyObject *name = forget(c, b);
+        if (!name || PyList_Append(removed, name) < 0) { Py_XDECREF(name); failed = 1; break; }
+        Py_DECREF(name);
+        empty_append(c, b);
+        n++;
+    }
+    Py_DECREF(c->on_event);
+    c->on_event = hook_obj;
+    if (failed) { Py_DECREF(removed); return NULL; }
+    if (hook_obj != Py_None && PyList_GET_SIZE(removed)) {
+        int rc = PyDict_GET_SIZE(c->by_name) == 0
+            ? hook(c, "emit_cleared", Py_BuildValue("(O)", hook_obj))
+            : hook(c, "emit_removed", Py_BuildValue("(OO)", hook_obj, removed));
+        if (rc < 0) { Py_DECREF(removed); return NULL; }
+    }
+    Py_DECREF(removed);
+    return PyLong_FromSsize_t(n);
+}
+static PyObject *Core_park(Core *c, PyObject *args, PyObject *kw) {
+    static char *kwl[] = {"session_id", "expected_return", NULL};
+    PyObject *sid, *ret = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O", kwl, &sid, &ret)) return NULL;
+    if (sid == Py_None || sid == c->shared) {
+        PyObject *r = PyObject_Repr(sid);
+        if (r) { PyErr_Format(PyExc_ValueError, "cannot park session id %U", r); Py_DECREF(r); }
+        return NULL;
+    }
+    if (PyDict_SetItem(c->parked, sid, ret) < 0) return NULL;
+    int32_t *blocks;
+    Py_ssize_t n = session_order(c, sid, &blocks);
+    if (n < 0) return NULL;
+    int err = 0;
+    double rank = park_rank(ret, &err);
+    double *ranks = malloc((n ? n : 1) * sizeof(double));
+    if (err || !ranks) { free(blocks); free(ranks); return err ? NULL : PyErr_NoMemory(); }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *owners = c->owners[blocks[k]];
+        if (!owners) { PyErr_SetObject(PyExc_KeyError, PyLong_FromLong(blocks[k])); free(blocks); free(ranks); return NULL; }
+        if (PySet_GET_SIZE(owners) == 1) { ranks[k] = rank; continue; }
+        double r;
+        int got = block_rank(c, blocks[k], &r);
+        if (got < 0) { free(blocks); free(ranks); return NULL; }
+        ranks[k] = got ? r : NAN;
+    }
+    PyObject *out = pf_set_classes(c, blocks, ranks, n) < 0 ? NULL : named(c, blocks, n);
+    free(blocks); free(ranks);
+    return out;
+}
+static PyObject *Core_unpark(Core *c, PyObject *sid) {
+    int k = PyDict_Contains(c->parked, sid);
+    if (k <= 0) return k < 0 ? NULL : PyList_New(0);
+    if (PyDict_DelItem(c->parked, sid) < 0) return NULL;
+    int32_t *blocks;
+    Py_ssize_t n = session_order(c, sid, &blocks);
+    if (n < 0) return NULL;
+    int32_t *back = malloc((n ? n : 1) * sizeof(int32_t));
+    if (!back) { free(blocks); return PyErr_NoMemory(); }
+    Py_ssize_t nb = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t b = blocks[i];
+        if (c->is_parked[b]) {
+            c->is_parked[b] = 0;
+            if (c->ep_tick[b] >= 0) { c->ep_tick[b] = -1; c->ep_len--; back[nb++] = b; }
+        }
+    }
+    for (Py_ssize_t i = 0; i < nb; i++) lru_insert(c, back[i]);
+    free(back);
+    PyObject *out = named(c, blocks, n);
+    free(blocks);
+    return out;
+}
+static int cmp_i32(const void *x, const void *y) { int32_t a = *(const int32_t *)x, b = *(const int32_t *)y; return (a > b) - (a < b); }
+static PyObject *Core_drop(Core *c, PyObject *args, PyObject *kw) {
+    static char *kwl[] = {"session_id", "keep", NULL};
+    PyObject *sid, *keep = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O", kwl, &sid, &keep)) return NULL;
+    PyObject *gone = PyDict_GetItemWithError(c->parked, sid);
+    if (gone && PyDict_DelItem(c->parked, sid) < 0) return NULL;
+    if (PyErr_Occurred()) return NULL;
+    PyObject *blocks = PyDict_GetItemWithError(c->session_blocks, sid);
+    if (!blocks && PyErr_Occurred()) return NULL;
+    Py_ssize_t n = 0;
+    int32_t *a = NULL;
+    if (blocks) {
+        Py_INCREF(blocks);
+        if (PyDict_DelItem(c->session_blocks, sid) < 0) { Py_DECREF(blocks); return NULL; }
+        n = PySet_GET_SIZE(blocks);
+        a = malloc((n ? n : 1) * sizeof(int32_t));
+        Py_ssize_t pos = 0, k = 0;
+        PyObject *o;
+        Py_hash_t h;
+        while (a && _PySet_NextEntry(blocks, &pos, &o, &h)) a[k++] = (int32_t)PyLong_AsLong(o);
+        Py_DECREF(blocks);
+        if (!a) return PyErr_NoMemory();
+        qsort(a, n, sizeof(int32_t), cmp_i32);
+    }
+    PyObject *freed = PyList_New(0);
+    for (Py_ssize_t k = 0; freed && k < n; k++) {
+        int32_t b = a[k];
+        PyObject *owners = c->owners[b];
+        if (owners && PySet_Discard(owners, sid) < 0) { Py_CLEAR(freed); break; }
+        PyObject *name = c->names[b];
+        int drop = (!owners || PySet_GET_SIZE(owners) == 0) && c->ref[b] == 0 && name;
+        if (drop && keep != Py_None) {
+            PyObject *r = PyObject_CallOneArg(keep, name);
+            int t = r ? PyObject_IsTrue(r) : -1;
+            Py_XDECREF(r);
+            if (t < 0) { Py_CLEAR(freed); break; }
+            drop = !t;
+        }
+        if (drop) {
+            pf_remove(c, b);
+            PyObject *got = forget(c, b);
+            if (!got || PyList_Append(freed, got) < 0) { Py_XDECREF(got); Py_CLEAR(freed); break; }
+            Py_DECREF(got);
+            empty_append(c, b);
+        } else if (reclass(c, b) < 0) { Py_CLEAR(freed); break; }
+    }
+    free(a);
+    return freed;
+}
+static PyObject *Core_evictable_order(Core *c, PyObject *unused) {
+    Py_ssize_t live = c->ep_len, k = 0;
+    Keyed *ks = malloc((live ? live : 1) * sizeof(Keyed));
+    if (!ks) return PyErr_NoMemory();
+    /* live parked elements sorted by (-rank, tick); ticks are unique */
+    double *negs = malloc((live ? live : 1) * sizeof(double));
+    if (!negs) { free(ks); return PyErr_NoMemory(); }
+    for (Py_ssize_t h = 0; h < c->heap_len; h++) {
+        Run *r = c->heap[h];
+        for (Py_ssize_t i = r->i; i < r->n; i++)
+            if (c->ep_tick[r->blocks[i]] == r->ticks[i] && k < live) { ks[k].b = r->blocks[i]; ks[k].key = r->ticks[i]; ks[k].idx = k; negs[k] = r->neg; k++; }
+    }
+    /* sort by neg, then tick: insertion into a list ordered by (neg, tick) */
+    for (Py_ssize_t i = 1; i < k; i++) {
+        Keyed x = ks[i]; double nx = negs[i];
+        Py_ssize_t j = i - 1;
+        while (j >= 0 && (negs[j] > nx || (negs[j] == nx && ks[j].key > x.key))) { ks[j + 1] = ks[j]; negs[j + 1] = negs[j]; j--; }
+        ks[j + 1] = x; negs[j + 1] = nx;
+    }
+    PyObject *l = PyList_New(0);
+    for (Py_ssize_t i = 0; l && i < k; i++) {
+        PyObject *v = PyLong_FromLong(ks[i].b);
+        if (!v || PyList_Append(l, v) < 0) { Py_XDECREF(v); Py_CLEAR(l); }
+        else Py_DECREF(v);
+    }
+    for (int32_t b = c->lru_head; l && b >= 0; b = c->next[b]) {
+        PyObject *v = PyLong_FromLong(b);
+        if (!v || PyList_Append(l, v) < 0) { Py_XDECREF(v); Py_CLEAR(l); }
+        else Py_DECREF(v);
+    }
+    free(ks); free(negs);
+    return l;
+}
+static PyObject *Core_ref_count(Core *c, PyObject *arg) {
+    Py_ssize_t b = PyLong_AsSsize_t(arg);
+    if ((b == -1 && PyErr_Occurred()) || check_block(c, b) < 0) return NULL;
+    return PyLong_FromLong(c->ref[b]);
+}
+static PyObject *Core_name_of(Core *c, PyObject *arg) {
+    Py_ssize_t b = PyLong_AsSsize_t(arg);
+    if ((b == -1 && PyErr_Occurred()) || check_block(c, b) < 0) return NULL;
+    PyObject *n = c->names[b] ? c->names[b] : Py_None;
+    Py_INCREF(n);
+    return n;
+}
+static PyObject *Core_block_of(Core *c, PyObject *name) {
+    PyObject *v = PyDict_GetItemWithError(c->by_name, name);
+    if (!v) { if (PyErr_Occurred()) return NULL; Py_RETURN_NONE; }
+    Py_INCREF(v);
+    return v;
+}
+
+/* ---- attributes -------------------------------------------------------------------------------- */
+static PyObject *get_num_free(Core *c, void *u) { return PyLong_FromSsize_t(c->e_len + pf_len(c)); }
+static PyObject *get_num_empty(Core *c, void *u) { return PyLong_FromSsize_t(c->e_len); }
+static PyObject *get_num_used(Core *c, void *u) { return PyLong_FromSsize_t(c->nb - c->e_len - pf_len(c)); }
+static PyObject *get_num_parked(Core *c, void *u) { return PyLong_FromSsize_t(c->ep_len); }
+static PyObject *get_num_evictable(Core *c, void *u) { return PyLong_FromSsize_t(pf_len(c)); }
+static PyObject *get_ref(Core *c, void *u) { return PyMemoryView_FromObject((PyObject *)c); }
+static int Core_getbuffer(Core *c, Py_buffer *view, int flags) {
+    if (flags & PyBUF_WRITABLE) { PyErr_SetString(PyExc_BufferError, "reference counts are read-only"); view->obj = NULL; return -1; }
+    view->buf = c->ref; view->obj = (PyObject *)c; Py_INCREF(c);
+    view->len = c->nb * (Py_ssize_t)sizeof(int32_t); view->readonly = 1; view->itemsize = sizeof(int32_t);
+    view->format = (flags & PyBUF_FORMAT) ? "i" : NULL; view->ndim = 1;
+    view->shape = (flags & PyBUF_ND) ? &c->nb : NULL;
+    view->strides = (flags & PyBUF_STRIDES) ? &view->itemsize : NULL;
+    view->suboffsets = NULL; view->internal = NULL;
+    return 0;
+}
+static PyBufferProcs Core_buffer = {(getbufferproc)Core_getbuffer, NULL};
+static PyObject *get_names(Core *c, void *u) {
+    PyObject *l = PyList_New(c->nb);
+    for (Py_ssize_t b = 0; l && b < c->nb; b++) {
+        PyObject *n = c->names[b] ? c->names[b] : Py_None;
+        Py_INCREF(n);
+        PyList_SET_ITEM(l, b, n);
+    }
+    return l;
+}
+static PyObject *get_owners(Core *c, void *u) {
+    PyObject *d = PyDict_New();
+    for (Py_ssize_t b = 0; d && b < c->nb; b++) {
+        if (!c->owners[b]) continue;
+        PyObject *k = PyLong_FromSsize_t(b);
+        if (!k || PyDict_SetItem(d, k, c->owners[b]) < 0) Py_CLEAR(d);
+        Py_XDECREF(k);
+    }
+    return d;
+}
+static PyObject *get_stats(Core *c, void *u) {
+    return Py_BuildValue("{sLsLsLsLsLsL}", "lookups", c->st_lookups, "lookup_blocks", c->st_lookup_blocks,
+                         "hit_blocks", c->st_hit_blocks, "evictions", c->st_evictions, "commits", c->st_commits,
+                         "duplicate_commits", c->st_dup);
+}
+static PyObject *get_obj(Core *c, void *which) {
+    PyObject *o = which == (void *)0 ? c->on_evict : which == (void *)1 ? c->on_event
+                : which == (void *)2 ? c->session_blocks : c->parked;
+    Py_INCREF(o);
+    return o;
+}
+static int set_hook(Core *c, PyObject *v, void *which) {
+    if (!v) { PyErr_SetString(PyExc_AttributeError, "cannot delete a hook; set it to None"); return -1; }
+    if (v != Py_None && !PyCallable_Check(v)) { PyErr_SetString(PyExc_TypeError, "a hook must be callable or None"); return -1; }
+    PyObject **slot = which == (void *)0 ? &c->on_evict : &c->on_event;
+    Py_INCREF(v);
+    Py_SETREF(*slot, v);
+    return 0;
+}
+static PyObject *get_int(Core *c, void *which) {
+    return PyLong_FromSsize_t(which == (void *)0 ? c->nb : which == (void *)1 ? c->max_owners : c->block_size);
+}
+static PyGetSetDef Core_getset[] = {
+    {"num_free_blocks", (getter)get_num_free, NULL, "blocks an allocation can get now", NULL},
+    {"num_empty_blocks", (getter)get_num_empty, NULL, NULL, NULL},
+    {"num_used_blocks", (getter)get_num_used, NULL, NULL, NULL},
+    {"num_parked", (getter)get_num_parked, NULL, "evictable blocks of parked sessions", NULL},
+    {"num_evictable", (getter)get_num_evictable, NULL, NULL, NULL},
+    {"ref", (getter)get_ref, NULL, "reference counts (a read-only view)", NULL},
+    {"names", (getter)get_names, NULL, "each block's name or None (a copy)", NULL},
+    {"owners", (getter)get_owners, NULL, "named block -> its users (a copy of the mapping)", NULL},
+    {"stats", (getter)get_stats, NULL, NULL, NULL},
+    {"on_evict", (getter)get_obj, (setter)set_hook, NULL, (void *)0},
+    {"on_event", (getter)get_obj, (setter)set_hook, NULL, (void *)1},
+    {"session_blocks", (getter)get_obj, NULL, NULL, (void *)2},
+    {"parked", (getter)get_obj, NULL, NULL, (void *)3},
+    {"num_blocks", (getter)get_int, NULL, NULL, (void *)0},
+    {"max_owners", (getter)get_int, NULL, NULL, (void *)1},
+    {"block_size", (getter)get_int, NULL, NULL, (void *)2},
+    {NULL}
+};
+static PyMethodDef Core_methods[] = {
+    {"lookup", (PyCFunction)Core_lookup, METH_O, NULL},
+    {"acquire", (PyCFunction)(void (*)(void))Core_acquire, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"refresh", (PyCFunction)(void (*)(void))Core_refresh, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"share", (PyCFunction)Core_share, METH_O, NULL},
+    {"allocate", (PyCFunction)Core_allocate, METH_VARARGS, NULL},
+    {"evict", (PyCFunction)Core_evict, METH_VARARGS, NULL},
+    {"evict_blocks", (PyCFunction)Core_evict_blocks, METH_O, NULL},
+    {"commit", (PyCFunction)(void (*)(void))Core_commit, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"free", (PyCFunction)Core_free, METH_O, NULL},
+    {"touch", (PyCFunction)Core_touch, METH_O, NULL},
+    {"clear", (PyCFunction)Core_clear, METH_NOARGS, NULL},
+    {"park", (PyCFunction)(void (*)(void))Core_park, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"unpark", (PyCFunction)Core_unpark, METH_O, NULL},
+    {"drop", (PyCFunction)(void (*)(void))Core_drop, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"evictable_order", (PyCFunction)Core_evictable_order, METH_NOARGS, NULL},
+    {"ref_count", (PyCFunction)Core_ref_count, METH_O, NULL},
+    {"name_of", (PyCFunction)Core_name_of, METH_O, NULL},
+    {"block_of", (PyCFunction)Core_block_of, METH_O, NULL},
+    {NULL}
+};
+
+/* ---- life -------------------------------------------------------------------------------------- */
+static int Core_init(Core *c, PyObject *args, PyObject *kw) {
+    static char *kwl[] = {"num_blocks", "hooks", "max_owners", "block_size", NULL};
+    Py_ssize_t nb;
+    PyObject *hooks;
+    int max_owners = 32, block_size = 16;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "nO|ii", kwl, &nb, &hooks, &max_owners, &block_size)) return -1;
+    if (c->nb) { PyErr_SetString(PyExc_RuntimeError, "already initialized"); return -1; }
+    if (nb < 1 || nb > INT32_MAX) { PyErr_Format(PyExc_ValueError, "need num_blocks >= 1, got %zd", nb); return -1; }
+    c->shared = PyObject_GetAttrString(hooks, "SHARED");
+    c->no_free = PyObject_GetAttrString(hooks, "NoFreeBlocks");
+    if (!c->shared || !c->no_free) return -1;
+    c->ref = calloc(nb, sizeof(int32_t)); c->names = calloc(nb, sizeof(PyObject *));
+    c->owners = calloc(nb, sizeof(PyObject *)); c->empty = malloc(nb * sizeof(int32_t));
+    c->freed_at = calloc(nb, sizeof(int64_t)); c->prev = malloc(nb * sizeof(int32_t));
+    c->next = malloc(nb * sizeof(int32_t)); c->in_lru = calloc(nb, 1); c->is_parked = calloc(nb, 1);
+    c->rank = calloc(nb, sizeof(double)); c->ep_tick = malloc(nb * sizeof(int64_t)); c->mark = calloc(nb, 1);
+    c->by_name = PyDict_New(); c->session_blocks = PyDict_New(); c->parked = PyDict_New();
+    if (!c->ref || !c->names || !c->owners || !c->empty || !c->freed_at || !c->prev || !c->next || !c->in_lru
+        || !c->is_parked || !c->rank || !c->ep_tick || !c->mark) { PyErr_NoMemory(); return -1; }
+    if (!c->by_name || !c->session_blocks || !c->parked) return -1;
+    c->nb = nb;
+    for (Py_ssize_t b = 0; b < nb; b++) { c->empty[b] = (int32_t)b; c->ep_tick[b] = -1; }
+    c->e_head = 0; c->e_len = nb;
+    c->lru_head = c->lru_tail = -1;
+    Py_INCREF(hooks); c->hooks = hooks;
+    Py_INCREF(Py_None); c->on_evict = Py_None;
+    Py_INCREF(Py_None); c->on_event = Py_None;
+    c->max_owners = max_owners; c->block_size = block_size;
+    return 0;
+}
+static int Core_traverse(Core *c, visitproc visit, void *arg) {
+    Py_VISIT(c->by_name); Py_VISIT(c->session_blocks); Py_VISIT(c->parked);
+    Py_VISIT(c->on_evict); Py_VISIT(c->on_event); Py_VISIT(c->hooks);
+    if (c->owners) for (Py_ssize_t b = 0; b < c->nb; b++) Py_VISIT(c->owners[b]);
+    return 0;
+}
+static int Core_clear_refs(Core *c) {
+    Py_CLEAR(c->by_name); Py_CLEAR(c->session_blocks); Py_CLEAR(c->parked);
+    Py_CLEAR(c->on_evict); Py_CLEAR(c->on_event); Py_CLEAR(c->hooks);
+    if (c->owners) for (Py_ssize_t b = 0; b < c->nb; b++) Py_CLEAR(c->owners[b]);
+    return 0;
+}
+static void Core_dealloc(Core *c) {
+    PyObject_GC_UnTrack(c);
+    Core_clear_refs(c);
+    if (c->names) for (Py_ssize_t b = 0; b < c->nb; b++) Py_XDECREF(c->names[b]);
+    Py_XDECREF(c->shared); Py_XDECREF(c->no_free);
+    for (Py_ssize_t h = 0; h < c->heap_len; h++) free_run(c->heap[h]);
+    free(c->heap); free(c->ref); free(c->names); free(c->owners); free(c->empty); free(c->freed_at);
+    free(c->prev); free(c->next); free(c->in_lru); free(c->is_parked); free(c->rank); free(c->ep_tick); free(c->mark);
+    Py_TYPE(c)->tp_free((PyObject *)c);
+}
+
+static PyTypeObject CoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "prefix_core.PrefixCore",
+    .tp_basicsize = sizeof(Core),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The G1 prefix cache with ParkedFirst(LRU) eviction, in C (see kv/prefix_core.py).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Core_init,
+    .tp_dealloc = (destructor)Core_dealloc,
+    .tp_traverse = (traverseproc)Core_traverse,
+    .tp_clear = (inquiry)Core_clear_refs,
+    .tp_methods = Core_methods,
+    .tp_getset = Core_getset,
+    .tp_as_buffer = &Core_buffer,
+};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "prefix_core", NULL, -1, NULL};
+PyMODINIT_FUNC PyInit_prefix_core(void) {
+    if (PyType_Ready(&CoreType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    Py_INCREF(&CoreType);
+    if (PyModule_AddObject(m, "PrefixCore", (PyObject *)&CoreType) < 0) { Py_DECREF(&CoreType); Py_DECREF(m); return NULL; }
+    return m;
+}

@@ -1,0 +1,168 @@
+"""The compiled prefix cache against the Python reference: the same random operations on both,
+every return value, exception, eviction order, count, name, owner, stat, callback and event
+compared after each one."""
+import random
+
+import pytest
+
+from everybyte.kv.block_id import KVNamespace, chain_block_ids
+from everybyte.kv.prefix_cache import NoFreeBlocks, PrefixCache
+from everybyte.kv.prefix_core import native_prefix_cache_class, native_unavailable_reason, new_prefix_cache
+from everybyte.kv.prefix_sessions import SHARED
+
+Native = native_prefix_cache_class()
+pytestmark = pytest.mark.skipif(Native is None, reason=f"compiled prefix cache: {native_unavailable_reason()}")
+NS = KVNamespace("m", block_size=4)
+
+
+class Recorder:
+    def __init__(self):
+        self.log = []
+
+    def evict(self, b, name):
+        self.log.append(("evict", b, name))
+        if name[-1] % 17 == 0:              # a write-down that fails: logged, the eviction goes on
+            raise OSError("disk full")
+
+    def event(self, ev):
+        self.log.append((type(ev).__name__, repr(ev)))
+
+
+def pair(num_blocks, max_owners):
+    made = []
+    for cls in (PrefixCache, Native):
+        rec = Recorder()
+        made.append((cls(num_blocks, on_evict=rec.evict, max_owners=max_owners, on_event=rec.event,
+                         block_size=4), rec))
+    return made
+
+
+def outcome(fn):
+    try:
+        return "ok", fn()
+    except (NoFreeBlocks, ValueError, IndexError, KeyError) as e:
+        return type(e).__name__, None
+
+
+def state(c):
+    return {"order": c.evictable_order(), "counts": c.counts(), "names": list(c.names),
+            "ref": [c.ref_count(b) for b in range(c.num_blocks)], "stats": dict(c.stats),
+            "owners": {b: set(o) for b, o in c.owners.items()},
+            "sessions": {s: set(v) for s, v in c.session_blocks.items()}, "parked": dict(c.parked),
+            "free": c.num_free_blocks, "used": c.num_used_blocks, "empty": c.num_empty_blocks}
+
+
+def random_op(rng, chains, held, sessions):
+    """One operation as (label, fn(cache, held_table) -> result)."""
+    k = rng.random()
+    s = rng.choice(sessions)
+    chain = rng.choice(chains)[: rng.randint(1, 6)]
+    if k < 0.24:
+        def fill(c, h):
+            hits = c.acquire(chain, s)
+            try:
+                new = c.allocate(len(chain) - len(hits))
+            except NoFreeBlocks:
+                c.free(hits)
+                raise
+            table = hits + new
+            for i, (b, name) in enumerate(zip(new, chain[len(hits):])):
+                parent = chain[len(hits) + i - 1] if len(hits) + i else None
+                got = c.commit(b, name, s, parent, [len(hits) + i])
+                if got != b:                 # duplicate: switch to the cached block
+                    c.share([got]) if c.ref_count(got) else c.acquire([name], s)
+                    c.free([b])
+                    table[len(hits) + i] = got
+            h.append(table)
+            return table
+        return "fill", fill
+    if k < 0.45:
+        def free(c, h):
+            if not h:
+                return None
+            c.free(h.pop(i % len(h)))
+        i = rng.randrange(1 << 30)
+        return "free", free
+    if k < 0.52:
+        return "refresh", lambda c, h: c.refresh(chain, s)
+    if k < 0.56:
+        return "lookup", lambda c, h: c.lookup(chain)
+    if k < 0.64:
+        ret = rng.choice([None, 5.0, 1.0, 9.0, float(rng.randint(0, 20))])
+        return "park", lambda c, h: c.park(s, ret)
+    if k < 0.72:
+        return "unpark", lambda c, h: c.unpark(s)
+    if k < 0.76:
+        mod = rng.randint(2, 5)
+        keep = (lambda name: name[0] % mod == 0) if rng.random() < 0.5 else None
+        return "drop", lambda c, h: c.drop(s, keep)
+    if k < 0.81:
+        n = rng.randint(0, 4)
+        return "evict", lambda c, h: c.evict(n)
+    if k < 0.85:
+        picks = [rng.randrange(16) for _ in range(rng.randint(0, 4))]
+        return "evict_blocks", lambda c, h: c.evict_blocks(picks)
+    if k < 0.90:
+        picks = [rng.randrange(16) for _ in range(rng.randint(0, 3))]
+        return "touch", lambda c, h: c.touch(picks)
+    if k < 0.94:
+        def share(c, h):
+            if h:
+                c.share(h[-1][:1])
+                h.append(h[-1][:1])
+        return "share", share
+    if k < 0.96:
+        n = rng.randint(0, 20)
+        return "allocate_free", lambda c, h: c.allocate(n)
+    if k < 0.98:
+        return "clear", lambda c, h: c.clear()
+    bad = rng.choice([("free_bad", lambda c, h: c.free([rng_b])), ("share_bad", lambda c, h: c.share([rng_b])),
+                      ("commit_bad", lambda c, h: c.commit(rng_b, b"x" * 8))])
+    rng_b = rng.randrange(16)
+    return bad
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_native_matches_reference(seed):
+    rng = random.Random(seed)
+    max_owners = rng.choice([1, 2, 3, 32])
+    (ref, ref_rec), (nat, nat_rec) = pair(16, max_owners)
+    chains = [chain_block_ids(NS, [t % 3] * 4 + [t] * 20) for t in range(6)]
+    sessions = [None, "a", "b", "c", 7]
+    held = {id(ref): [], id(nat): []}
+    for step in range(1000):
+        label, op = random_op(rng, chains, held, sessions)
+        r = outcome(lambda: op(ref, held[id(ref)]))
+        n = outcome(lambda: op(nat, held[id(nat)]))
+        where = f"seed {seed} step {step} {label}"
+        assert n == r, where
+        assert state(nat) == state(ref), where
+        assert nat_rec.log == ref_rec.log, where
+        assert held[id(nat)] == held[id(ref)], where
+        if label == "allocate_free" and r[0] == "ok":
+            ref.free(r[1]), nat.free(n[1])
+
+
+def test_shared_owner_and_errors():
+    c = Native(4, max_owners=1)
+    (b,) = c.allocate(1)
+    c.commit(b, b"n1", "a")
+    c.commit(b, b"n1", "b")
+    assert c.owners[b] == {"a"} or SHARED in c.owners[b]
+    with pytest.raises(ValueError, match="cannot park"):
+        c.park(None)
+    with pytest.raises(ValueError, match="already named"):
+        c.commit(b, b"n2")
+    with pytest.raises(NoFreeBlocks):
+        c.allocate(5)
+    with pytest.raises(ValueError, match="num_blocks"):
+        Native(0)
+    with pytest.raises(IndexError):
+        c.ref_count(99)
+
+
+def test_switch_off(monkeypatch):
+    monkeypatch.setenv("EVERYBYTE_NATIVE_KV", "0")
+    assert type(new_prefix_cache(4)) is PrefixCache
+    monkeypatch.setenv("EVERYBYTE_NATIVE_KV", "1")
+    assert type(new_prefix_cache(4)) is Native

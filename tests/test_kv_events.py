@@ -38,6 +38,7 @@ def test_stored_removed_cleared():
 
 
 CONTROL_PLANE = ["everybyte.kv.block_id", "everybyte.kv.prefix_cache", "everybyte.kv.prefix_sessions",
+                 "everybyte.kv.prefix_core",
                  "everybyte.kv.eviction", "everybyte.kv.parked_runs", "everybyte.kv.sessions", "everybyte.kv.ledger", "everybyte.kv.events",
                  "everybyte.kv.clock", "everybyte.kv.mover", "everybyte.kv.connector", "everybyte.kv.block_manager",
                  "everybyte.kv.seq_state", "everybyte.kv.session_ops", "everybyte.kv.memory_manager",

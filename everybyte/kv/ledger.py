@@ -15,7 +15,7 @@ from collections import defaultdict, deque
 from typing import TYPE_CHECKING, Iterable, Protocol, TypedDict
 
 if TYPE_CHECKING:
-    from everybyte.kv.prefix_cache import PrefixCache
+    from everybyte.kv.prefix_core import G1Cache
 
 G1_CATEGORIES = ("weights", "running_kv", "parked_kv", "cached_kv", "free", "waste")
 EVENTS = ("evicted", "parked", "prestaged", "loaded", "stored", "corrupt", "dropped")
@@ -94,9 +94,9 @@ class ByteLedger:
                        "free": free_blocks * bb, "waste": waste_bytes + padding_bytes}
             return dict(self.g1)
 
-    def update_g1_from_cache(self, prefix_cache: PrefixCache, waste_bytes: int = 0,
+    def update_g1_from_cache(self, prefix_cache: G1Cache, waste_bytes: int = 0,
                              padding_bytes: int = 0) -> dict[str, int]:
-        """Same, from a PrefixCache's counts() (running / parked / cached / empty blocks)."""
+        """Same, from a prefix cache's counts() (running / parked / cached / empty blocks)."""
         c = prefix_cache.counts()
         return self.update_g1(running_blocks=c["running"], parked_blocks=c["parked"], cached_blocks=c["cached"],
                               free_blocks=c["empty"], waste_bytes=waste_bytes, padding_bytes=padding_bytes)

@@ -23,7 +23,7 @@ from everybyte.kv.events import EventLog, KVEvent
 from everybyte.kv.ledger import ByteLedger, waste_bytes
 from everybyte.kv.mover import KVMover, PoolGeometry, pool_mover
 from everybyte.kv.name_memo import NameMemo
-from everybyte.kv.prefix_cache import PrefixCache
+from everybyte.kv.prefix_core import new_prefix_cache
 from everybyte.kv.seq_state import KVSequence, PendingLoad, SeqKV
 from everybyte.kv.session_ops import SessionOps
 from everybyte.kv.sessions import SessionTable
@@ -47,7 +47,7 @@ class KVMemoryManager(SessionOps, BlockManager[KVSequence]):
         self.ledger = ledger or ByteLedger(pool.bytes_per_block)
         for t in self.tiers.tiers:
             self.ledger.add_tier(t)
-        self.cache = PrefixCache(pool.num_blocks, on_evict=self._write_down, block_size=pool.block_size)
+        self.cache = new_prefix_cache(pool.num_blocks, on_evict=self._write_down, block_size=pool.block_size)
         self.sessions = SessionTable(max_sessions, session_idle_s, clock.time)
         self.offload_on_park = offload_on_park
         self.seqs: dict[int, SeqKV] = {}              # seq_id -> its KV state (from its first lookup)

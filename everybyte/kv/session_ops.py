@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from everybyte.kv.ledger import ByteLedger
 from everybyte.kv.mover import KVMover, PoolGeometry
-from everybyte.kv.prefix_cache import PrefixCache
+from everybyte.kv.prefix_core import G1Cache
 from everybyte.kv.seq_state import SeqKV
 from everybyte.kv.sessions import SessionTable
 from everybyte.kv.tier_movement import TierSet
@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 class SessionOps:
     pool: PoolGeometry
-    cache: PrefixCache
+    cache: G1Cache
     sessions: SessionTable
     tiers: TierSet
     ledger: ByteLedger

@@ -58,6 +58,9 @@ def random_op(rng, chains, held, sessions):
     s = rng.choice(sessions)
     chain = rng.choice(chains)[: rng.randint(1, 6)]
     if k < 0.24:
+        by_run = rng.random() < 0.5
+        tokens = list(range(4 * len(chain)))
+
         def fill(c, h):
             hits = c.acquire(chain, s)
             try:
@@ -66,13 +69,20 @@ def random_op(rng, chains, held, sessions):
                 c.free(hits)
                 raise
             table = hits + new
-            for i, (b, name) in enumerate(zip(new, chain[len(hits):])):
-                parent = chain[len(hits) + i - 1] if len(hits) + i else None
-                got = c.commit(b, name, s, parent, [len(hits) + i])
-                if got != b:                 # duplicate: switch to the cached block
-                    c.share([got]) if c.ref_count(got) else c.acquire([name], s)
-                    c.free([b])
-                    table[len(hits) + i] = got
+            if by_run:                       # the memory manager's path: a run of blocks at once
+                kept = set(c.commit_run(table, chain, len(hits), len(chain), s, tokens))
+                dups = [i for i in range(len(hits), len(chain)) if i not in kept]
+            else:
+                dups = []
+                for i in range(len(hits), len(chain)):
+                    parent = chain[i - 1] if i else None
+                    if c.commit(table[i], chain[i], s, parent, tokens[4 * i:4 * i + 4]) != table[i]:
+                        dups.append(i)
+            for i in dups:                   # duplicate: switch to the cached block
+                got = c.block_of(chain[i])
+                c.share([got]) if c.ref_count(got) else c.acquire([chain[i]], s)
+                c.free([table[i]])
+                table[i] = got
             h.append(table)
             return table
         return "fill", fill
@@ -159,6 +169,8 @@ def test_shared_owner_and_errors():
         Native(0)
     with pytest.raises(IndexError):
         c.ref_count(99)
+    with pytest.raises(IndexError, match="commit_run range"):
+        c.commit_run([b], [b"n1"], 0, 2)
 
 
 def test_switch_off(monkeypatch):

@@ -228,11 +228,8 @@ class KVMemoryManager(SessionOps, BlockManager[KVSequence]):
         full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
         if full <= done:
             return
-        names, table, commit, sid = self.names_of(seq), seq.block_table, self.cache.commit, seq.session_id
-        if self.cache.on_event is None:       # the origin only goes into BlockStored events
-            new = [i for i in range(done, full) if commit(table[i], names[i], sid) == table[i]]
-        else:
-            new = [i for i in range(done, full) if commit(table[i], names[i], sid, **self._origin(seq, i)) == table[i]]
+        names, table = self.names_of(seq), seq.block_table
+        new = self.cache.commit_run(table, names, done, full, seq.session_id, seq.token_ids)
         if new and self.tiers.write_through:
             ids, new_names = [seq.block_table[i] for i in new], [names[i] for i in new]
             self.tiers.write_through_blocks(new_names, self.mover.store(ids, new_names))

@@ -234,6 +234,22 @@ class PrefixCache(PrefixSessions):
         self._own(block_id, owner)
         return block_id
 
+    def commit_run(self, block_ids: Sequence[int], names: Sequence[bytes], start: int, end: int,
+                   owner: Hashable = ANON, token_ids: Sequence[int] | None = None) -> list[int]:
+        """commit() blocks start..end-1 of a table (parent: the previous name; tokens: each block's
+        slice of token_ids, only when there is an on_event to hear them); returns the indices i
+        whose block kept its name (commit returned block_ids[i])."""
+        if start < 0 or end > len(block_ids) or end > len(names):
+            raise IndexError("commit_run range outside block_ids or names")
+        bs, kept = self.block_size, []
+        tokens = token_ids if self.on_event is not None else None
+        for i in range(start, end):
+            b = block_ids[i]
+            origin = tokens[i * bs:(i + 1) * bs] if tokens is not None else ()
+            if self.commit(b, names[i], owner, names[i - 1] if i else None, origin) == b:
+                kept.append(i)
+        return kept
+
     def free(self, block_ids: Sequence[int]) -> None:
         """Drop one reference on each block; pass a block table in order (its tail is freed first,
         so under LRU a sequence's last blocks go before its prefix)."""

@@ -611,11 +611,8 @@ static PyObject *Core_evict_blocks(Core *c, PyObject *ids) {
     free(a);
     return l;
 }
-static PyObject *Core_commit(Core *c, PyObject *args, PyObject *kw) {
-    static char *kwl[] = {"block_id", "name", "owner", "parent", "token_ids", NULL};
-    Py_ssize_t b;
-    PyObject *name, *owner = Py_None, *parent = Py_None, *tokens = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "nO|OOO", kwl, &b, &name, &owner, &parent, &tokens)) return NULL;
+/* commit(): a new reference to the block now holding `name` */
+static PyObject *commit_one(Core *c, Py_ssize_t b, PyObject *name, PyObject *owner, PyObject *parent, PyObject *tokens) {
     if (check_block(c, b) < 0) return NULL;
     if (c->ref[b] < 1) return PyErr_Format(PyExc_ValueError, "block %zd is not in use", b);
     PyObject *cur = c->names[b];
@@ -646,6 +643,55 @@ static PyObject *Core_commit(Core *c, PyObject *args, PyObject *kw) {
     }
     if (own(c, (int32_t)b, owner) < 0) { Py_DECREF(key); return NULL; }
     return key;
+}
+static PyObject *Core_commit(Core *c, PyObject *args, PyObject *kw) {
+    static char *kwl[] = {"block_id", "name", "owner", "parent", "token_ids", NULL};
+    Py_ssize_t b;
+    PyObject *name, *owner = Py_None, *parent = Py_None, *tokens = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "nO|OOO", kwl, &b, &name, &owner, &parent, &tokens)) return NULL;
+    return commit_one(c, b, name, owner, parent, tokens);
+}
+/* commit_run(): commit(table[i], names[i], owner, names[i-1], token_ids' block i) for i in
+   [start, end); returns the i whose block kept its name (commit returned table[i]) */
+static PyObject *Core_commit_run(Core *c, PyObject *args, PyObject *kw) {
+    static char *kwl[] = {"block_ids", "names", "start", "end", "owner", "token_ids", NULL};
+    PyObject *table, *names, *owner = Py_None, *tokens = Py_None;
+    Py_ssize_t start, end;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOnn|OO", kwl, &table, &names, &start, &end, &owner, &tokens))
+        return NULL;
+    PyObject *ft = PySequence_Fast(table, "block_ids must be a sequence");
+    PyObject *fn = ft ? PySequence_Fast(names, "names must be a sequence") : NULL;
+    PyObject *out = fn ? PyList_New(0) : NULL;
+    if (!out) { Py_XDECREF(ft); Py_XDECREF(fn); return NULL; }
+    if (start < 0 || end > PySequence_Fast_GET_SIZE(ft) || end > PySequence_Fast_GET_SIZE(fn)) {
+        PyErr_SetString(PyExc_IndexError, "commit_run range outside block_ids or names");
+        goto fail;
+    }
+    for (Py_ssize_t i = start; i < end; i++) {
+        PyObject *bo = PySequence_Fast_GET_ITEM(ft, i), *tok = NULL;
+        Py_ssize_t b = PyLong_AsSsize_t(bo);
+        if (b == -1 && PyErr_Occurred()) goto fail;
+        if (c->on_event != Py_None && tokens != Py_None) {
+            tok = PySequence_GetSlice(tokens, i * c->block_size, (i + 1) * c->block_size);
+            if (!tok) goto fail;
+        }
+        PyObject *parent = i ? PySequence_Fast_GET_ITEM(fn, i - 1) : Py_None;
+        PyObject *r = commit_one(c, b, PySequence_Fast_GET_ITEM(fn, i), owner, parent, tok);
+        Py_XDECREF(tok);
+        if (!r) goto fail;
+        Py_ssize_t got = PyLong_AsSsize_t(r);
+        Py_DECREF(r);
+        if (got == b) {
+            PyObject *io = PyLong_FromSsize_t(i);
+            if (!io || PyList_Append(out, io) < 0) { Py_XDECREF(io); goto fail; }
+            Py_DECREF(io);
+        }
+    }
+    Py_DECREF(ft); Py_DECREF(fn);
+    return out;
+fail:
+    Py_DECREF(ft); Py_DECREF(fn); Py_DECREF(out);
+    return NULL;
 }
 static PyObject *Core_free(Core *c, PyObject *ids) {
     int32_t *a;
@@ -954,6 +1000,7 @@ static PyMethodDef Core_methods[] = {
     {"evict", (PyCFunction)Core_evict, METH_VARARGS, NULL},
     {"evict_blocks", (PyCFunction)Core_evict_blocks, METH_O, NULL},
     {"commit", (PyCFunction)(void (*)(void))Core_commit, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"commit_run", (PyCFunction)(void (*)(void))Core_commit_run, METH_VARARGS | METH_KEYWORDS, NULL},
     {"free", (PyCFunction)Core_free, METH_O, NULL},
     {"touch", (PyCFunction)Core_touch, METH_O, NULL},
     {"clear", (PyCFunction)Core_clear, METH_NOARGS, NULL},

@@ -19,7 +19,8 @@ from everybyte.kv.prefix_cache import NoFreeBlocks, PrefixCache
 from everybyte.kv.prefix_sessions import SHARED
 from everybyte.native import loader
 
-__all__ = ["G1Cache", "native_prefix_cache_class", "new_prefix_cache", "native_unavailable_reason"]
+__all__ = ["G1Cache", "native_kv_enabled", "native_prefix_cache_class", "new_prefix_cache",
+           "native_unavailable_reason"]
 log = logging.getLogger("everybyte.kv.prefix_cache")
 
 
@@ -126,11 +127,16 @@ def native_unavailable_reason() -> str | None:
     return _why[0] if _why else None
 
 
+def native_kv_enabled() -> bool:
+    """Whether new_prefix_cache() gives the compiled class (it builds, EVERYBYTE_NATIVE_KV is not 0)."""
+    return os.environ.get("EVERYBYTE_NATIVE_KV", "1") != "0" and native_prefix_cache_class() is not None
+
+
 def new_prefix_cache(num_blocks: int, on_evict: Callable[[int, bytes], None] | None = None,
                      max_owners: int = 32, on_event: Callable[[KVEvent], None] | None = None,
                      block_size: int = 16) -> G1Cache:
     """A PrefixCache with the default policy: compiled when it builds and EVERYBYTE_NATIVE_KV is not 0."""
-    cls = None if os.environ.get("EVERYBYTE_NATIVE_KV", "1") == "0" else native_prefix_cache_class()
+    cls = native_prefix_cache_class() if native_kv_enabled() else None
     if cls is None:
         return PrefixCache(num_blocks, on_evict=on_evict, max_owners=max_owners, on_event=on_event,
                            block_size=block_size)

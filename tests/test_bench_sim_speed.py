@@ -1,0 +1,31 @@
+"""`everybyte bench sim-speed` on a small trace: its JSON, and the same simulated run (requests,
+steps, events, simulated seconds) with the compiled prefix cache and the Python reference."""
+import json
+
+import pytest
+
+from everybyte.bench import sim_speed
+from everybyte.kv.prefix_core import native_prefix_cache_class
+
+
+def run(tmp_path, monkeypatch, native: str) -> dict:
+    monkeypatch.setenv("EVERYBYTE_NATIVE_KV", native)
+    out = tmp_path / f"speed{native}.json"
+    assert sim_speed.main(["--sessions", "40", "--workers", "2", "--json", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def test_sim_speed_same_run_both_caches(tmp_path, monkeypatch):
+    if native_prefix_cache_class() is None:
+        pytest.skip("the compiled prefix cache does not build here")
+    py, c = run(tmp_path, monkeypatch, "0"), run(tmp_path, monkeypatch, "1")
+    assert py["prefix_cache"].startswith("python") and c["prefix_cache"] == "compiled"
+    assert py["requests"] > 40 and py["goal"] == 20_000 and c["sim_requests_per_wall_s"] > 0
+    for key in ("requests", "steps", "events", "simulated_seconds"):
+        assert py[key] == c[key], key
+
+
+def test_sim_speed_bad_flag(capsys):
+    with pytest.raises(SystemExit) as e:
+        sim_speed.main(["--sessions", "4", "--", "--kv-format", "nope"])
+    assert e.value.code == 2 and "invalid choice: 'nope'" in capsys.readouterr().err

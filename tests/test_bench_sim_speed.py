@@ -19,7 +19,7 @@ def test_sim_speed_same_run_both_caches(tmp_path, monkeypatch):
     if native_prefix_cache_class() is None:
         pytest.skip("the compiled prefix cache does not build here")
     py, c = run(tmp_path, monkeypatch, "0"), run(tmp_path, monkeypatch, "1")
-    assert py["prefix_cache"].startswith("python") and c["prefix_cache"] == "compiled"
+    assert py["prefix_cache"] == "PrefixCache" and c["prefix_cache"] == "NativePrefixCache"
     assert py["requests"] > 40 and py["goal"] == 20_000 and c["sim_requests_per_wall_s"] > 0
     for key in ("requests", "steps", "events", "simulated_seconds"):
         assert py[key] == c[key], key

@@ -103,6 +103,14 @@ def test_parked_blocks_are_evicted_first_without_offload(loaded):
     assert set(order[:len(a_blocks)]) == a_blocks
 
 
+def test_ledger_counts_every_g1_eviction(loaded):
+    llm = LLM(loaded, kv_tiers="host:64MiB", **ENGINE)
+    llm.generate([SYSTEM + "Task: count the evictions."], GREEDY)
+    n = llm.block_manager.evict_all()
+    m = _memory(llm)
+    assert n > 0 and m["blocks_by_tier"]["evicted"]["G1"] == n == m["prefix_cache"]["evictions"]
+
+
 def test_tenant_salts_never_share_blocks(loaded):
     llm = LLM(loaded, kv_tiers="host:64MiB", **ENGINE)
     prompt = SYSTEM + "Task: add type hints to utils.py."

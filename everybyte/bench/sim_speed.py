@@ -10,7 +10,6 @@ import pstats
 import sys
 
 from everybyte.bench.report import emit
-from everybyte.kv.prefix_core import native_kv_enabled
 from everybyte.sim.cli import config_from, run_parser, run_sim
 
 GOAL = 20_000
@@ -44,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
            "sim_requests_per_cpu_s": s["requests"] / s["cpu_s"] if s["cpu_s"] > 0 else None,
            "steps": s["steps"], "events": s["events"], "wall_s": s["wall_s"], "cpu_s": s["cpu_s"],
            "simulated_seconds": s["simulated_seconds"], "workers": args.workers, "trace": trace,
-           "prefix_cache": "compiled" if native_kv_enabled() else "python (EVERYBYTE_NATIVE_KV=0 or no build)",
+           "prefix_cache": s.get("prefix_cache"),
            "note": "wall_s and cpu_s (its processor time) are the event loop only (trace generation and "
                    "worker construction excluded); one Python process, so one core"}
     if prof:

@@ -132,6 +132,13 @@ class ByteLedger:
         with self._lock:
             self.events[event][tier] += n
 
+    def set_count(self, event: str, n: int, tier: str = "G1") -> None:
+        """An event counted by its owner (the prefix cache counts G1 evictions), read at report time."""
+        if event not in EVENTS:
+            raise ValueError(f"unknown ledger event {event!r}; one of {EVENTS}")
+        with self._lock:
+            self.events[event][tier] = n
+
     # ---- report ----------------------------------------------------------------------------
     def to_dict(self) -> LedgerReport:
         with self._lock:

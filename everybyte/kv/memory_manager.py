@@ -246,7 +246,6 @@ class KVMemoryManager(SessionOps, BlockManager[KVSequence]):
         self._loaded_from.pop(block_id, None)
         if name is not None and self.tiers.first is not None and not self.tiers.first.contains(name):
             self._evicting.append((block_id, name))
-        self.ledger.count("evicted")
 
     def _fresh(self, n: int) -> list[int]:
         """n fresh G1 blocks (ascending, so a sequence's blocks tend to be consecutive), after the
@@ -285,6 +284,7 @@ class KVMemoryManager(SessionOps, BlockManager[KVSequence]):
         waste = waste_bytes(holding, self.block_size, self.pool.bytes_per_token)
         padding = max(self.pool.budget_bytes - self.pool.nbytes, 0)
         self.ledger.update_g1_from_cache(self.cache, waste, padding)
+        self.ledger.set_count("evicted", self.cache.stats["evictions"])   # one count per on_evict
         self.ledger.sample()
         d: dict[str, Any] = dict(self.ledger.to_dict())
         d["sessions"] = self.sessions.counts()

@@ -69,5 +69,6 @@ def summarize(turns: list[TurnRecord], workers: list, wall_s: float, events: int
         "g1_ledger_bytes": g1, "blocks": blocks,
         "skipped_turns": skipped, "rejected": rejected[:5], "unfinished_requests": stuck,
         "wall_s": wall_s, "events": events,
+        "prefix_cache": type(workers[0].memory.cache).__name__ if workers else None,   # compiled: NativePrefixCache
         "sim_requests_per_wall_s": len(turns) / wall_s if wall_s > 0 else None,
     }

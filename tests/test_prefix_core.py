@@ -169,6 +169,11 @@ def test_shared_owner_and_errors():
         Native(0)
     with pytest.raises(IndexError):
         c.ref_count(99)
+    for bad in (lambda: c.evict_blocks([7]), lambda: c.free([-1]), lambda: c.touch([4]), lambda: c.share([9])):
+        with pytest.raises(IndexError, match="out of range 0..3"):   # stricter than list indexing
+            bad()
+    with pytest.raises(TypeError):
+        c.free(["a"])
     with pytest.raises(IndexError, match="commit_run range"):
         c.commit_run([b], [b"n1"], 0, 2)
 

@@ -111,25 +111,19 @@ static void heap_pop_top(Core *c) {
     c->heap[0] = c->heap[--c->heap_len];
     if (c->heap_len) heap_down(c, 0);
 }
-static Run *new_run(double neg, const int32_t *blocks, const int64_t *ticks, Py_ssize_t n) {
-    Run *r = malloc(sizeof(Run));
-    if (!r) return NULL;
-    r->blocks = malloc(n * sizeof(int32_t));
-    r->ticks = malloc(n * sizeof(int64_t));
-    if (!r->blocks || !r->ticks) { free(r->blocks); free(r->ticks); free(r); return NULL; }
-    memcpy(r->blocks, blocks, n * sizeof(int32_t));
-    memcpy(r->ticks, ticks, n * sizeof(int64_t));
-    r->neg = neg; r->key = ticks[0]; r->n = n; r->i = 0;
-    return r;
-}
+/* blocks parked with one rank at consecutive ticks from first_tick: one heap entry */
 static int runs_push(Core *c, double rank, const int32_t *blocks, Py_ssize_t n, int64_t first_tick) {
     if (n == 0) return 0;
-    int64_t *ticks = malloc(n * sizeof(int64_t));
-    if (!ticks) { PyErr_NoMemory(); return -1; }
-    for (Py_ssize_t k = 0; k < n; k++) ticks[k] = first_tick + k;
-    Run *r = new_run(-rank, blocks, ticks, n);
-    free(ticks);
-    if (!r) { PyErr_NoMemory(); return -1; }
+    Run *r = malloc(sizeof(Run));
+    if (r) { r->blocks = malloc(n * sizeof(int32_t)); r->ticks = malloc(n * sizeof(int64_t)); }
+    if (!r || !r->blocks || !r->ticks) {
+        if (r) { free(r->blocks); free(r->ticks); free(r); }
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(r->blocks, blocks, n * sizeof(int32_t));
+    for (Py_ssize_t k = 0; k < n; k++) r->ticks[k] = first_tick + k;
+    r->neg = -rank; r->key = first_tick; r->n = n; r->i = 0;
     c->runs_size += n;
     return heap_push(c, r);
 }
@@ -186,11 +180,10 @@ static void pf_remove(Core *c, int32_t b) {
     else lru_remove(c, b);
 }
 static int pf_set_parked(Core *c, int32_t b, double rank) {
-    if (c->ep_tick[b] >= 0) { c->ep_tick[b] = -1; c->ep_len--; }
-    else if (c->in_lru[b]) lru_unlink(c, b);
-    else { c->is_parked[b] = 1; c->rank[b] = rank; return 0; }
+    int evictable = c->ep_tick[b] >= 0 || c->in_lru[b];
+    pf_remove(c, b);
     c->is_parked[b] = 1; c->rank[b] = rank;
-    return pf_insert(c, b);
+    return evictable ? pf_insert(c, b) : 0;
 }
 static void pf_unpark(Core *c, int32_t b) {
     if (c->is_parked[b]) {
@@ -207,28 +200,38 @@ static int32_t pf_pop(Core *c) {
 }
 static void pf_touch(Core *c, int32_t b) { if (c->ep_tick[b] < 0 && c->in_lru[b]) { lru_unlink(c, b); lru_append(c, b); } }
 
+/* blocks leave the parked class (those with a NAN rank when ranks is given); the evictable ones
+   go to the LRU tail in this order */
+static int pf_unpark_many(Core *c, const int32_t *blocks, const double *ranks, Py_ssize_t n) {
+    int32_t *back = malloc((n ? n : 1) * sizeof(int32_t));
+    if (!back) { PyErr_NoMemory(); return -1; }
+    Py_ssize_t nback = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        int32_t b = blocks[k];
+        if ((ranks && !isnan(ranks[k])) || !c->is_parked[b]) continue;
+        c->is_parked[b] = 0;
+        if (c->ep_tick[b] >= 0) { c->ep_tick[b] = -1; c->ep_len--; back[nback++] = b; }
+    }
+    for (Py_ssize_t k = 0; k < nback; k++) lru_insert(c, back[k]);
+    free(back);
+    return 0;
+}
 /* ranks: NAN where the reference passes None (unpark) */
 static int pf_set_classes(Core *c, const int32_t *blocks, const double *ranks, Py_ssize_t n) {
     for (Py_ssize_t k = 0; k < n; k++) {
         int32_t b = blocks[k];
         if (!isnan(ranks[k]) && c->ep_tick[b] < 0 && c->in_lru[b]) { lru_unlink(c, b); c->mark[b] = 1; }
     }
-    int32_t *back = malloc((n ? n : 1) * sizeof(int32_t)), *run = malloc((n ? n : 1) * sizeof(int32_t));
-    if (!back || !run) { free(back); free(run); PyErr_NoMemory(); return -1; }
-    Py_ssize_t nback = 0, nrun = 0;
+    int32_t *run = malloc((n ? n : 1) * sizeof(int32_t));
+    if (!run) { PyErr_NoMemory(); return -1; }
+    Py_ssize_t nrun = 0;
     double run_rank = 0.0;
     int64_t run_tick = 0;
     int rc = 0;
     for (Py_ssize_t k = 0; k < n && rc == 0; k++) {
         int32_t b = blocks[k];
         double r = ranks[k];
-        if (isnan(r)) {
-            if (c->is_parked[b]) {
-                c->is_parked[b] = 0;
-                if (c->ep_tick[b] >= 0) { c->ep_tick[b] = -1; c->ep_len--; back[nback++] = b; }
-            }
-            continue;
-        }
+        if (isnan(r)) continue;
         c->is_parked[b] = 1; c->rank[b] = r;
         if (c->ep_tick[b] >= 0 || c->mark[b]) {
             if (c->ep_tick[b] < 0) c->ep_len++;
@@ -240,8 +243,8 @@ static int pf_set_classes(Core *c, const int32_t *blocks, const double *ranks, P
     }
     for (Py_ssize_t k = 0; k < n; k++) c->mark[blocks[k]] = 0;
     if (rc == 0) rc = runs_push(c, run_rank, run, nrun, run_tick);
-    for (Py_ssize_t k = 0; k < nback; k++) lru_insert(c, back[k]);
-    free(back); free(run);
+    free(run);
+    if (rc == 0) rc = pf_unpark_many(c, blocks, ranks, n);
     if (rc == 0) rc = runs_compact(c);
     return rc;
 }
@@ -795,19 +798,7 @@ static PyObject *Core_unpark(Core *c, PyObject *sid) {
     int32_t *blocks;
     Py_ssize_t n = session_order(c, sid, &blocks);
     if (n < 0) return NULL;
-    int32_t *back = malloc((n ? n : 1) * sizeof(int32_t));
-    if (!back) { free(blocks); return PyErr_NoMemory(); }
-    Py_ssize_t nb = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int32_t b = blocks[i];
-        if (c->is_parked[b]) {
-            c->is_parked[b] = 0;
-            if (c->ep_tick[b] >= 0) { c->ep_tick[b] = -1; c->ep_len--; back[nb++] = b; }
-        }
-    }
-    for (Py_ssize_t i = 0; i < nb; i++) lru_insert(c, back[i]);
-    free(back);
-    PyObject *out = named(c, blocks, n);
+    PyObject *out = pf_unpark_many(c, blocks, NULL, n) < 0 ? NULL : named(c, blocks, n);
     free(blocks);
     return out;
 }
@@ -861,37 +852,30 @@ static PyObject *Core_drop(Core *c, PyObject *args, PyObject *kw) {
     free(a);
     return freed;
 }
+typedef struct { double neg; int64_t tick; int32_t b; } ParkedEntry;
+static int parked_cmp(const void *x, const void *y) {
+    const ParkedEntry *a = x, *b = y;
+    if (a->neg != b->neg) return a->neg < b->neg ? -1 : 1;
+    return (a->tick > b->tick) - (a->tick < b->tick);       /* ticks are unique */
+}
+/* the live parked entries by (-rank, tick), then the LRU from its oldest */
 static PyObject *Core_evictable_order(Core *c, PyObject *unused) {
-    Py_ssize_t live = c->ep_len, k = 0;
-    Keyed *ks = malloc((live ? live : 1) * sizeof(Keyed));
-    if (!ks) return PyErr_NoMemory();
-    /* live parked elements sorted by (-rank, tick); ticks are unique */
-    double *negs = malloc((live ? live : 1) * sizeof(double));
-    if (!negs) { free(ks); return PyErr_NoMemory(); }
+    Py_ssize_t k = 0;
+    ParkedEntry *es = malloc((c->ep_len ? c->ep_len : 1) * sizeof(ParkedEntry));
+    if (!es) return PyErr_NoMemory();
     for (Py_ssize_t h = 0; h < c->heap_len; h++) {
         Run *r = c->heap[h];
-        for (Py_ssize_t i = r->i; i < r->n; i++)
-            if (c->ep_tick[r->blocks[i]] == r->ticks[i] && k < live) { ks[k].b = r->blocks[i]; ks[k].key = r->ticks[i]; ks[k].idx = k; negs[k] = r->neg; k++; }
+        for (Py_ssize_t i = r->i; i < r->n && k < c->ep_len; i++)
+            if (c->ep_tick[r->blocks[i]] == r->ticks[i]) es[k++] = (ParkedEntry){r->neg, r->ticks[i], r->blocks[i]};
     }
-    /* sort by neg, then tick: insertion into a list ordered by (neg, tick) */
-    for (Py_ssize_t i = 1; i < k; i++) {
-        Keyed x = ks[i]; double nx = negs[i];
-        Py_ssize_t j = i - 1;
-        while (j >= 0 && (negs[j] > nx || (negs[j] == nx && ks[j].key > x.key))) { ks[j + 1] = ks[j]; negs[j + 1] = negs[j]; j--; }
-        ks[j + 1] = x; negs[j + 1] = nx;
-    }
-    PyObject *l = PyList_New(0);
-    for (Py_ssize_t i = 0; l && i < k; i++) {
-        PyObject *v = PyLong_FromLong(ks[i].b);
-        if (!v || PyList_Append(l, v) < 0) { Py_XDECREF(v); Py_CLEAR(l); }
-        else Py_DECREF(v);
-    }
-    for (int32_t b = c->lru_head; l && b >= 0; b = c->next[b]) {
-        PyObject *v = PyLong_FromLong(b);
-        if (!v || PyList_Append(l, v) < 0) { Py_XDECREF(v); Py_CLEAR(l); }
-        else Py_DECREF(v);
-    }
-    free(ks); free(negs);
+    qsort(es, k, sizeof(ParkedEntry), parked_cmp);
+    int32_t *order = malloc((k + c->lru_len ? k + c->lru_len : 1) * sizeof(int32_t));
+    if (!order) { free(es); return PyErr_NoMemory(); }
+    Py_ssize_t n = 0;
+    for (Py_ssize_t i = 0; i < k; i++) order[n++] = es[i].b;
+    for (int32_t b = c->lru_head; b >= 0; b = c->next[b]) order[n++] = b;
+    PyObject *l = int_list(order, n);
+    free(es); free(order);
     return l;
 }
 static PyObject *Core_ref_count(Core *c, PyObject *arg) {

@@ -105,3 +105,20 @@ def test_no_run_with_a_stop_token_or_a_waiting_request():
     a.core.advance_decode(run, 1)
     a.core.add(Sequence(list(range(2000, 2020)), SamplingParams(max_tokens=4, ignore_eos=True), "w", arrival_time=0.0))
     assert a.core.plan_decode() is None                 # "w" waits: it may be admitted at the next step
+
+
+@pytest.mark.parametrize("hw, model, weights, kv, weight", [
+    ("H200", "smollm2", "bf16", "bf16", 1.0), ("H200", "smollm2", "nvfp4", "nvfp4", 4.0),
+    ("GB300-NVL72", "deepseek-r1", "nvfp4", "nvfp4", 2.5), ("H200", "deepseek-r1", "fp8", "fp8", 1.0)])
+def test_a_runs_step_prices_equal_single_steps_to_the_bit(hw, model, weights, kv, weight):
+    """decode_run_seconds hoists the roofline's constants out of the loop: the same floats, exactly,
+    so a run's clock equals the single steps' (MoE experts touched, a scaled trace's token weight)."""
+    from everybyte.sim.cost_model import CostModel
+    from everybyte.sim.hardware import get_hardware
+    from everybyte.sim.models import get_model
+    cost = CostModel(get_hardware(hw), get_model(model), weights, kv, step_overhead_s=3e-5, token_weight=weight)
+    for n, attended, steps in ((1, 1, 1), (7, 7 * 913, 300), (64, 64 * 20_000 + 17, 40)):
+        run = cost.decode_run_seconds(n, attended, steps)
+        assert run == [cost.decode_seconds(n, attended + n * j) for j in range(steps)]
+        assert len(set(run)) > 1 or steps == 1            # the context grows: steps cost more
+    assert cost.decode_run_seconds(0, 0, 3) == [0.0, 0.0, 0.0]

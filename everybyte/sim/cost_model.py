@@ -133,6 +133,29 @@ class CostModel:
         counting its shape (count_shape does, when the step runs)."""
         return self._seconds(num_seqs, attended, num_seqs, 0)
 
+    def decode_run_seconds(self, num_seqs: int, attended: int, steps: int) -> list[float]:
+        """decode_seconds of `steps` pure decode steps, the context one longer per sequence each
+        step: on the roofline the same float operations in the same order, hoisted out of the loop
+        (a run's times must equal the single steps' to the bit)."""
+        if self.calibration is not None or self.ep is not None or num_seqs <= 0:
+            return [self.decode_seconds(num_seqs, attended + num_seqs * j) for j in range(steps)]
+        n, w = num_seqs, self.token_weight
+        tokens = n + 0 * (w - 1)                           # _seconds with no prefill
+        weights = float(self.fixed_weight_bytes)
+        if self.model.moe_layers:
+            weights += self.model.moe_layers * self.experts_touched(tokens) * self.expert_bytes
+        kvb, afc, peak, bw, over = self.kv_token_bytes, self.attn_flops_per_ctx, self.peak_flops, self.hbm_bw, \
+            self.step_overhead_s
+        base = tokens * self.flops_per_token
+        return [max((base + a * w * afc) / peak, (weights + (a + n) * kvb) / bw) + over
+                for a in range(attended, attended + n * steps, n)]
+
+    def count_decode(self, num_seqs: int, attended: int, steps: int) -> None:
+        """count_shape of each step of a decode run (nothing to count without a calibration)."""
+        if self._limits:
+            for j in range(steps):
+                self.count_shape(num_seqs, attended + num_seqs * j, num_seqs)
+
     def count_shape(self, tokens: int, attended: int, seqs: int) -> None:
         """Count a step outside the calibrated shapes (when calibrated)."""
         if self._limits:

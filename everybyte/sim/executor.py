@@ -21,9 +21,9 @@ def placeholder_token(position: int) -> int:
 class DecodePricing(Protocol):
     """What multi-step decode asks of a cost model (CostModel is one)."""
 
-    def decode_seconds(self, num_seqs: int, attended: int) -> float: ...
+    def decode_run_seconds(self, num_seqs: int, attended: int, steps: int) -> list[float]: ...
 
-    def count_shape(self, tokens: int, attended: int, seqs: int) -> None: ...
+    def count_decode(self, num_seqs: int, attended: int, steps: int) -> None: ...
 
 
 class CostExecutor:
@@ -40,19 +40,17 @@ class CostExecutor:
     def decode_costs(self, seqs, steps: int) -> list[float] | None:
         if self.decode is None:
             return None
-        n, attended, price = len(seqs), sum(s.num_computed_tokens + 1 for s in seqs), self.decode.decode_seconds
-        return [price(n, attended + n * j) for j in range(steps)]
+        return self.decode.decode_run_seconds(len(seqs), sum(s.num_computed_tokens + 1 for s in seqs), steps)
 
     def decode_tokens(self, seq, n: int) -> list[int]:
         start, token = len(seq.token_ids), self.token
         return [token(p) for p in range(start, start + n)]
 
     def advance_decode(self, num_seqs: int, attended: int, costs: list[float]) -> None:
-        clock, count = self.clock, self.decode.count_shape if self.decode is not None else None
-        busy = self.busy_s
-        for j, c in enumerate(costs):
-            if count is not None:
-                count(num_seqs, attended + num_seqs * j, num_seqs)
+        if self.decode is not None:
+            self.decode.count_decode(num_seqs, attended, len(costs))
+        clock, busy = self.clock, self.busy_s
+        for c in costs:                   # one advance per step: the clock sums them as single steps do
             clock.advance(c)
             busy += c
         self.busy_s = busy

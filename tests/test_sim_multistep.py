@@ -9,7 +9,8 @@ import pytest
 from everybyte.engine.sampling_params import SamplingParams
 from everybyte.engine.sequence import Sequence
 from everybyte.sim.build import SimConfig, build
-from everybyte.sim.runner import ROUTES, RunConfig, Runner
+from everybyte.sim.routes import ROUTES
+from everybyte.sim.runner import RunConfig, Runner
 from everybyte.traces import load_trace
 from everybyte.traces.scaling import Scaling
 from everybyte.traces.tokens import TokenSpace

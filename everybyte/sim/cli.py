@@ -13,7 +13,8 @@ from everybyte.sim.calibration import StepFit, StepSample, fit_steps
 from everybyte.sim.fleet_build import FLEET_ROUTES, FleetConfig, build_fleet, fleet_summary, link_stats
 from everybyte.sim.hardware import get_hardware, names
 from everybyte.sim.models import BUILTIN, get_model
-from everybyte.sim.runner import ROUTES, RunConfig, Runner
+from everybyte.sim.routes import ROUTES
+from everybyte.sim.runner import RunConfig, Runner
 from everybyte.sim.storage_links import describe_catalog
 from everybyte.traces import FORMATS, TraceError, load_trace
 from everybyte.traces.scaling import Scaling

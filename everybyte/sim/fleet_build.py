@@ -21,7 +21,7 @@ from everybyte.sim.fleet_links import describe as describe_links
 from everybyte.sim.fleet_router import FleetRouter
 from everybyte.sim.link_lanes import Lane, aggregate_lane, merge_stats
 from everybyte.sim.metrics import TurnRecord
-from everybyte.sim.runner import ROUTES
+from everybyte.sim.routes import ROUTES
 from everybyte.sim.storage_links import SHARED_STORAGE, describe_shared, shared_storage_link, tier_bytes
 from everybyte.sim.tiers import NameTier
 from everybyte.sim.worker import SimPool, SimWorker

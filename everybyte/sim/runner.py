@@ -29,6 +29,7 @@ from everybyte.engine.decode_run import DecodeRun
 from everybyte.engine.sampling_params import SamplingParams
 from everybyte.engine.sequence import Sequence
 from everybyte.sim.metrics import TurnRecord, summarize
+from everybyte.sim.routes import SessionSticky
 from everybyte.sim.worker import SimWorker
 from everybyte.traces.model import Session, Trace
 from everybyte.traces.scaling import Scaling
@@ -76,31 +77,6 @@ class SessionState:
     parked: tuple[str, int] | None = None        # (session id, worker) parked during the gap
 
 
-class RoundRobin:
-    def __init__(self, n: int):
-        self.n, self.i = n, -1
-
-    def __call__(self, req: SimRequest) -> int:
-        self.i = (self.i + 1) % self.n
-        return self.i
-
-
-class SessionSticky:
-    """A session's turns go where its first turn went (round-robin over first turns)."""
-
-    def __init__(self, n: int):
-        self.first, self.where = RoundRobin(n), {}
-
-    def __call__(self, req: SimRequest) -> int:
-        w = self.where.get(req.base_session)
-        if w is None:
-            w = self.where[req.base_session] = self.first(req)
-        return w
-
-
-ROUTES = {"sticky": SessionSticky, "round-robin": RoundRobin}
-
-
 @dataclass
 class RunConfig:
     park: bool = True
@@ -132,6 +108,8 @@ class Runner:
         self.live: dict[str, tuple[SessionState, int, int]] = {}      # request id -> (state, turn, worker)
         self.step_event: dict[int, int] = {}                 # worker index -> its one live step event
         self.runs: dict[int, tuple[SimWorker, DecodeRun]] = {}   # worker index -> its planned decode run
+        self.firsts: list[tuple[float, int]] = []            # (first arrival, session index), in order
+        self.next_first = 0
 
     # ---- events ---------------------------------------------------------------------------------
     def _push(self, t: float, kind: int, what: object, tie: int | None = None) -> int:
@@ -157,16 +135,14 @@ class Runner:
             self._wake(w, w.clock.now, replace=True)
 
     def run(self) -> dict:
-        t_arrival = 0.0
-        for i, s in enumerate(self.trace.sessions):
-            if self.cfg.rate:
-                t_arrival = i / self.cfg.rate
-            else:
-                t_arrival = s.arrival_s * self.scaling.arrival_scale
-            prompts = SessionPrompts(s, self.scaling, self.space, self.cfg.run_marker, self.trace.name)
-            st = SessionState(s, prompts, s.id)
-            st.last_use = {t.parent: k for k, t in enumerate(s.turns) if t.parent is not None}
-            self._push(t_arrival, ARRIVE, st)
+        # sessions start in arrival order; only the next one's first turn waits in the queue and a
+        # session's state is made when that turn arrives, so the queue and the states stay as
+        # small as the live sessions (1M sessions). Its tie, session index + 1, and the counter
+        # starting past it keep every order of pushing them all up front.
+        rate, scale = self.cfg.rate, self.scaling.arrival_scale
+        self.firsts = sorted(((i / rate if rate else s.arrival_s * scale), i) for i, s in enumerate(self.trace.sessions))
+        self.n_events = len(self.firsts)
+        self._push_next_session()
         with rare_collections():
             wall, cpu = self._loop()
         stuck = sum(len(w.core.requests) for w in self.workers)
@@ -188,12 +164,27 @@ class Runner:
             if self.runs:                                           # an outside event: runs catch up first
                 self._catch_up(t)
             if kind == ARRIVE:
+                if isinstance(what, int):                            # a session's first turn
+                    what = self._start_session(what)
                 self._arrive(what)                                  # type: ignore[arg-type]
             else:
                 what()                                              # type: ignore[operator]
         return time.perf_counter() - wall0, time.process_time() - cpu0
 
     # ---- a turn arrives ---------------------------------------------------------------------------
+    def _push_next_session(self) -> None:
+        if self.next_first < len(self.firsts):
+            t, i = self.firsts[self.next_first]
+            self.next_first += 1
+            heapq.heappush(self.events, (t, ARRIVE, i + 1, i + 1, i))
+
+    def _start_session(self, i: int) -> SessionState:
+        s = self.trace.sessions[i]
+        st = SessionState(s, SessionPrompts(s, self.scaling, self.space, self.cfg.run_marker, self.trace.name), s.id)
+        st.last_use = {t.parent: k for k, t in enumerate(s.turns) if t.parent is not None}
+        self._push_next_session()
+        return st
+
     def _skip(self, why: str, n: int) -> None:
         self.skipped[why] = self.skipped.get(why, 0) + n
 

@@ -6,6 +6,7 @@ shared storage (G4: one name-only tier at the end of every worker's spill chain,
 engine's `cold:` tier is)."""
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
@@ -145,12 +146,12 @@ def _evicted_everywhere(workers: list[SimWorker], names, level: str) -> None:
 def fleet_summary(fleet: Fleet, turns: list[TurnRecord], weights_bytes: int) -> dict[str, Any]:
     """Per worker its role and prompt tokens computed / reused; with disaggregation what moved and
     what the decode workers still computed of the turns that took that path."""
-    per = []
+    per, turns_on = [], Counter(t.worker for t in turns)
     for w, role in zip(fleet.workers, fleet.roles):
         p = w.memory.stats(weights_bytes)["prefill_tokens"]
         per.append({"worker": w.index, "role": role, "prefill_computed": p["computed"], "reused": p["reused_total"],
                     "reused_by_tier": p["reused"],
-                    "turns": sum(1 for t in turns if t.worker == w.index)})
+                    "turns": turns_on[w.index]})
     out: dict[str, Any] = {"workers": per, "session_moves": session_moves(turns)}
     if fleet.router is not None:
         out["router"] = fleet.router.describe()

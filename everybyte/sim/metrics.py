@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 
-@dataclass
-class TurnRecord:
+@dataclass(slots=True)
+class TurnRecord:                        # one per simulated request: slots keep 6M of them small
     session: str
     turn: int
     prompt_tokens: int

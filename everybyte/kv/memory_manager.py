@@ -47,7 +47,9 @@ class KVMemoryManager(SessionOps, BlockManager[KVSequence]):
         self.ledger = ledger or ByteLedger(pool.bytes_per_block)
         for t in self.tiers.tiers:
             self.ledger.add_tier(t)
-        self.cache = new_prefix_cache(pool.num_blocks, on_evict=self._write_down, block_size=pool.block_size)
+        # with no tier below G1 an evicted block has nowhere to go: no callback per eviction
+        self.cache = new_prefix_cache(pool.num_blocks, on_evict=self._write_down if self.tiers.first is not None else None,
+                                      block_size=pool.block_size)
         self.sessions = SessionTable(max_sessions, session_idle_s, clock.time)
         self.offload_on_park = offload_on_park
         self.seqs: dict[int, SeqKV] = {}              # seq_id -> its KV state (from its first lookup)

@@ -208,3 +208,50 @@ def test_vectorized_content_is_token_space_token_at_every_position():
                     want.append(space.token(sp.ns_blocks, h[block], s) if block < len(h)
                                 else space.token(sp.ns_unique, -1 - k, s))
                 assert sp.content(k, rec_a, rec_b, n) == want
+
+
+@pytest.mark.parametrize("token_scale", [1.0, 2.5, 4.0, 16.0, 64.0])
+def test_compiled_prompt_tokens_equal_the_numpy_reference(token_scale):
+    """native/csrc/prompt_tokens.c against SessionPrompts.content_numpy on random turns: hash ids
+    negative, past 2**64 or short of the input (an unhashed tail), any window [rec_a, rec_b), last n."""
+    import random
+
+    from everybyte.traces import tokens
+    from everybyte.traces.model import Session, Turn
+    if tokens._compiled() is None:
+        pytest.skip("the compiled prompt tokens do not build here")
+    rng = random.Random(int(token_scale * 10))
+    sc = Scaling(token_scale=token_scale)
+    for case in range(60):
+        bs = rng.choice([16, 64, 128])
+        n_in = rng.randint(1, 40 * bs)
+        ids = [rng.choice([rng.getrandbits(64), -rng.getrandbits(40), rng.getrandbits(80), 0])
+               for _ in range(rng.randint(0, -(-n_in // bs)))]
+        turns = [Turn(0, 0.0, n_in, 10, ids), Turn(1, 1.0, n_in + 5, 10, ids[:3])]
+        sp = SessionPrompts(Session(f"s{case}", turns, block_size=bs), sc, TokenSpace(100, 50_000 + case), "m", "t")
+        for _ in range(5):
+            k = rng.randint(0, 1)
+            rec_a = rng.randint(0, n_in)
+            rec_b = rng.randint(rec_a, n_in + 3 * bs)
+            n = rng.choice([None, 0, 1, rng.randint(1, 500)])
+            first, end = sc.scaled_pos(rec_a), sc.scaled_pos(rec_b)
+            start = first if n is None else max(first, end - n)
+            want = sp.content_numpy(k, rec_a, start, end) if end > start else []
+            assert sp.content(k, rec_a, rec_b, n) == want
+    with pytest.raises(TypeError):
+        tokens._compiled().content(["x"], 0, 4, 1.0, 0, 16, 0, 0, 0, 0, 10)
+    with pytest.raises(ValueError, match="bad range"):
+        tokens._compiled().content([], 5, 4, 1.0, 0, 16, 0, 0, 0, 0, 10)
+
+
+def test_prompt_tokens_fall_back_to_numpy(monkeypatch):
+    from everybyte.traces import tokens
+    monkeypatch.setenv("EVERYBYTE_NATIVE_TOKENS", "0")
+    tokens._compiled.cache_clear()
+    try:
+        assert tokens._compiled() is None
+        trace = load_trace("synthetic:sessions=2,turns=2,seed=3")
+        sp = SessionPrompts(trace.sessions[0], Scaling.defaults("synthetic"), TokenSpace(), "m", trace.name)
+        assert len(sp.prompt(0, {})) > MARKER_LEN
+    finally:
+        tokens._compiled.cache_clear()

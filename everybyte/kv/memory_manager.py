@@ -13,7 +13,6 @@ the first tier as one buffer.
 """
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any, Callable
 
 from everybyte.kv.block_id import KVNamespace, chain_block_ids
@@ -145,7 +144,13 @@ class KVMemoryManager(SessionOps, BlockManager[KVSequence]):
         self.query_tokens += len(seq)
         self.hit_tokens += seq.num_computed_tokens
         st.committed = ready
-        reused = {level: n * self.block_size for level, n in Counter(levels[:keep]).items()}
+        kept = levels[:keep]
+        reused: dict[str, int] = {}                # tokens reused per tier, in first-seen order
+        if kept and kept.count("G1") == keep:      # the common case: every hit was in G1
+            reused["G1"] = keep * self.block_size
+        else:
+            for level in kept:
+                reused[level] = reused.get(level, 0) + self.block_size
         self.ledger.record_prefill(0, reused)
 
     # ---- loads in flight ---------------------------------------------------------------------

@@ -12,10 +12,14 @@ is that turn's prompt + the ids generated for it + its new input (SessionPrompts
 """
 from __future__ import annotations
 
+import functools
 import hashlib
+import os
+from typing import Any
 
 import numpy as np
 
+from everybyte.native import loader
 from everybyte.traces.model import Session
 from everybyte.traces.scaling import Scaling
 
@@ -49,6 +53,17 @@ def _mix_u64(x: np.ndarray) -> np.ndarray:    # _mix over a uint64 array, in pla
     return x
 
 
+@functools.cache
+def _compiled() -> Any:
+    """The compiled prompt tokens, or None (one warning) when they do not build or
+    EVERYBYTE_NATIVE_TOKENS=0: numpy then."""
+    if os.environ.get("EVERYBYTE_NATIVE_TOKENS", "1") == "0":
+        return None
+    module, _ = loader.try_build("compiled prompt tokens", "numpy",
+                                 lambda: loader.load_module("prompt_tokens", loader.csrc("prompt_tokens.c")))
+    return module
+
+
 class TokenSpace:
     """Token ids drawn from [low, high): clear of special tokens at the bottom of most vocabularies."""
 
@@ -77,12 +92,23 @@ class SessionPrompts:
 
     def content(self, k: int, rec_a: int, rec_b: int, n: int | None = None) -> list[int]:
         """Tokens for recorded input positions [rec_a, rec_b) of turn k (only the last n if given):
-        TokenSpace.token over the positions, vectorized (splitmix64 in uint64 wraps like & _M64)."""
-        turn, sc, bs = self.session.turns[k], self.scaling, self.session.block_size
+        TokenSpace.token over the positions, compiled (native/csrc/prompt_tokens.c) or with numpy."""
+        sc = self.scaling
         first, end = sc.scaled_pos(rec_a), sc.scaled_pos(rec_b)
         start = first if n is None else max(first, end - n)
         if end <= start:
             return []
+        compiled = _compiled()
+        if compiled is None:
+            return self.content_numpy(k, rec_a, start, end)
+        return compiled.content(self.session.turns[k].hash_ids, start, end, float(sc.token_scale), rec_a,
+                                self.session.block_size, ((-1 - k) * _A) & _M64, self.ns_blocks, self.ns_unique,
+                                self.space.low, self.space.high - self.space.low)
+
+    def content_numpy(self, k: int, rec_a: int, start: int, end: int) -> list[int]:
+        """content() for scaled positions [start, end), vectorized (splitmix64 in uint64 wraps like
+        & _M64): the reference the compiled path is tested against."""
+        turn, sc, bs = self.session.turns[k], self.scaling, self.session.block_size
         s = np.arange(start, end, dtype=np.int64)
         pos = s if sc.token_scale == 1.0 else (s * sc.token_scale).astype(np.int64)   # int(s * scale)
         block = np.maximum(pos, rec_a) // bs              # non-decreasing: the hashed ones come first

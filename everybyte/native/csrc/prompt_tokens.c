@@ -1,0 +1,86 @@
+/* Synthetic prompt tokens (traces/tokens.SessionPrompts.content) in one pass: the same splitmix64
+ * arithmetic as its numpy reference, on uint64 (which wraps like numpy's), returning a list.
+ *
+ * content(hash_ids, start, end, token_scale, rec_a, block_size, unhashed, ns_blocks, ns_unique,
+ *         low, span) -> list[int]
+ * For each scaled position s in [start, end): pos = s (or (int64)(s * token_scale)), block =
+ * max(pos, rec_a) / block_size; x = (hash_ids[block] mod 2^64) * A + s while block is in range,
+ * else unhashed + s; then mix, xor ns_blocks (hashed) or ns_unique, mix, token = low + x % span. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+static const uint64_t MUL_A = 0x2545F4914F6CDD1DULL;
+
+static inline uint64_t mix(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ULL;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+}
+
+static PyObject *content(PyObject *self, PyObject *args) {
+    PyObject *hash_ids;
+    long long start, end, rec_a, block_size;
+    double scale;
+    unsigned long long unhashed, ns_blocks, ns_unique, low, span;
+    if (!PyArg_ParseTuple(args, "OLLdLLKKKKK", &hash_ids, &start, &end, &scale, &rec_a, &block_size,
+                          &unhashed, &ns_blocks, &ns_unique, &low, &span))
+        return NULL;
+    if (start < 0 || end < start || rec_a < 0 || block_size < 1 || span < 1) {
+        PyErr_Format(PyExc_ValueError, "bad range: start %lld end %lld rec_a %lld block_size %lld span %llu",
+                     start, end, rec_a, block_size, span);
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(hash_ids, "hash_ids must be a sequence of ints");
+    if (!seq)
+        return NULL;
+    Py_ssize_t nh = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *out = PyList_New((Py_ssize_t)(end - start));
+    if (!out) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    long long cached_block = -1;
+    uint64_t cached_id = 0;
+    for (long long s = start; s < end; s++) {
+        long long pos = scale == 1.0 ? s : (long long)((double)s * scale);
+        long long block = (pos > rec_a ? pos : rec_a) / block_size;
+        uint64_t x;
+        int hashed = block < nh;
+        if (hashed) {
+            if (block != cached_block) {
+                cached_id = (uint64_t)PyLong_AsUnsignedLongLongMask(items[block]);
+                if (cached_id == (uint64_t)-1 && PyErr_Occurred()) {
+                    Py_DECREF(out);
+                    Py_DECREF(seq);
+                    return NULL;
+                }
+                cached_block = block;
+            }
+            x = cached_id * MUL_A;
+        } else {
+            x = unhashed;
+        }
+        x = mix(x + (uint64_t)s);
+        x = mix(x ^ (hashed ? ns_blocks : ns_unique));
+        PyObject *tok = PyLong_FromUnsignedLongLong(low + x % span);
+        if (!tok) {
+            Py_DECREF(out);
+            Py_DECREF(seq);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, (Py_ssize_t)(s - start), tok);
+    }
+    Py_DECREF(seq);
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"content", content, METH_VARARGS, "synthetic prompt tokens (see traces/tokens.SessionPrompts.content)"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "prompt_tokens", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit_prompt_tokens(void) { return PyModule_Create(&module); }

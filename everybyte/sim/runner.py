@@ -110,6 +110,7 @@ class Runner:
         self.runs: dict[int, tuple[SimWorker, DecodeRun]] = {}   # worker index -> its planned decode run
         self.firsts: list[tuple[float, int]] = []            # (first arrival, session index), in order
         self.next_first = 0
+        self.params: dict[int, SamplingParams] = {}
 
     # ---- events ---------------------------------------------------------------------------------
     def _push(self, t: float, kind: int, what: object, tie: int | None = None) -> int:
@@ -207,8 +208,10 @@ class Runner:
             self._skip("over_max_context", left)
             return
         req = SimRequest(sid, st.base, k, ids, n_out, self.now)
-        seq = Sequence(ids, SamplingParams(temperature=0.0, max_tokens=n_out, ignore_eos=True),
-                       req.request_id, None, arrival_time=self.now)
+        params = self.params.get(n_out)
+        if params is None:               # one per output length: the engine never changes a request's
+            params = self.params[n_out] = SamplingParams(temperature=0.0, max_tokens=n_out, ignore_eos=True)
+        seq = Sequence(ids, params, req.request_id, None, arrival_time=self.now)
         seq.session_id = sid
         if self.dispatch is not None and self.dispatch(self, req, seq, st):
             return

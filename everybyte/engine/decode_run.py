@@ -81,8 +81,8 @@ def plan(core: "EngineCore", until: float, max_steps: int) -> DecodeRun | None:
             return None                      # still in prefill
         p = s.params
         k = min(k, p.max_tokens - s.num_completion_tokens - 1, core.max_model_len - len(s) - 1)
-        stops = set(p.stop_token_ids) | (set() if p.ignore_eos else core.eos_token_ids)
-        if stops and k > 0:
+        if k > 0 and (p.stop_token_ids or (not p.ignore_eos and core.eos_token_ids)):
+            stops = set(p.stop_token_ids) | (set() if p.ignore_eos else core.eos_token_ids)
             for j, tok in enumerate(ex.decode_tokens(s, k)):
                 if tok in stops:
                     k = j

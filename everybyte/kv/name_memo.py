@@ -32,7 +32,8 @@ class NameMemo:
             return []
         _, kept, names = got
         n = min(len(names), len(tokens) // block_size)
-        if tokens[:n * block_size] != kept[:n * block_size]:
+        # kept holds exactly len(names) blocks: slice it only when tokens has fewer
+        if tokens[:n * block_size] != (kept if n == len(names) else kept[:n * block_size]):
             lo, hi = 0, n - 1                 # the most blocks equal (a turn that keeps only a part)
             while lo < hi:
                 mid = (lo + hi + 1) // 2

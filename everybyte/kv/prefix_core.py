@@ -94,8 +94,7 @@ _why: list[str] = []
 @functools.cache
 def native_prefix_cache_class() -> Any:
     """The compiled PrefixCache class, or None (the reason in native_unavailable_reason())."""
-    module, why = loader.try_build("compiled prefix cache", "the Python PrefixCache",
-                                   lambda: loader.load_module("prefix_core", loader.csrc("prefix_core.c")))
+    module, why = loader.try_module("prefix_core", "compiled prefix cache", "the Python PrefixCache")
     if module is None:
         _why.append(why or "unknown")
         return None

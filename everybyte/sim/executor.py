@@ -15,7 +15,12 @@ TOKEN_LOW, TOKEN_SPAN = 1000, 29000
 def placeholder_token(position: int) -> int:
     """The token sampled at `position` (the sequence's length): the same for every request, so equal
     prompts stay equal with their outputs and keep sharing prefix blocks."""
-    return TOKEN_LOW + (position * 2654435761) % TOKEN_SPAN
+    return placeholder_tokens(position, 1)[0]
+
+
+def placeholder_tokens(start: int, n: int) -> list[int]:
+    """placeholder_token at positions start .. start + n - 1, in one comprehension."""
+    return [TOKEN_LOW + (p * 2654435761) % TOKEN_SPAN for p in range(start, start + n)]
 
 
 class DecodePricing(Protocol):
@@ -44,8 +49,8 @@ class CostExecutor:
 
     def decode_tokens(self, seq, n: int) -> list[int]:
         start, token = len(seq.token_ids), self.token
-        if token is placeholder_token:            # inlined: a call per simulated token adds up
-            return [TOKEN_LOW + (p * 2654435761) % TOKEN_SPAN for p in range(start, start + n)]
+        if token is placeholder_token:            # one comprehension: a call per simulated token adds up
+            return placeholder_tokens(start, n)
         return [token(p) for p in range(start, start + n)]
 
     def advance_decode(self, num_seqs: int, attended: int, costs: list[float]) -> None:

@@ -59,9 +59,7 @@ def _compiled() -> Any:
     EVERYBYTE_NATIVE_TOKENS=0: numpy then."""
     if os.environ.get("EVERYBYTE_NATIVE_TOKENS", "1") == "0":
         return None
-    module, _ = loader.try_build("compiled prompt tokens", "numpy",
-                                 lambda: loader.load_module("prompt_tokens", loader.csrc("prompt_tokens.c")))
-    return module
+    return loader.try_module("prompt_tokens", "compiled prompt tokens", "numpy")[0]
 
 
 class TokenSpace:

@@ -89,3 +89,51 @@ def test_hex_round_trip():
     assert name_from_hex(name_hex(n)) == n
     with pytest.raises(ValueError):
         name_from_hex("abcd")
+
+
+def test_compiled_names_equal_hashlib():
+    """The compiled chain against the hashlib reference: odd block sizes, salts, parents, extreme tokens."""
+    import random
+
+    from everybyte.kv import block_id as B
+    if B._compiled_names() is None:
+        pytest.skip("the compiled block names do not build here")
+    r = random.Random(7)
+    for trial in range(300):
+        bs = r.choice([1, 2, 3, 7, 16, 17, 32, 64])
+        ns = KVNamespace(f"m{trial}", block_size=bs, tenant_salt=r.choice([None, "", "t", "x" * 200]))
+        toks = [r.choice([0, 1, -1, 2**63 - 1, -2**63, r.randrange(-2**63, 2**63), r.randrange(50000)])
+                for _ in range(r.randrange(0, 40 * bs))]
+        start = r.randrange(0, 4)
+        parent = None if start == 0 else r.randbytes(NAME_BYTES)
+        end = len(toks) // bs
+        want = B._chain_hashlib(ns, toks, bs, parent or B.ROOT_PARENT, start, end) if end > start else []
+        assert chain_block_ids(ns, toks, parent=parent, start_block=start) == want, trial
+
+
+def test_compiled_names_bad_tokens_raise_as_hashlib_does():
+    import struct
+
+    from everybyte.kv import block_id as B
+    ns = KVNamespace("m", block_size=2)
+    for bad in ([1, 2**63], [1, -2**63 - 1], [1.0, 2], ["a", 1]):
+        with pytest.raises(struct.error):
+            chain_block_ids(ns, bad)
+    if B._compiled_names() is not None:
+        with pytest.raises(ValueError, match="bad parent"):
+            B._compiled_names().chain(b"p", b"short", [1, 2], 0, 2, 2, b"everybyte.kv")
+        with pytest.raises(ValueError, match="past the tokens"):
+            B._compiled_names().chain(b"p", bytes(NAME_BYTES), [1, 2], 0, 4, 2, b"everybyte.kv")
+
+
+def test_block_names_fall_back_to_hashlib(monkeypatch):
+    from everybyte.kv import block_id as B
+    want = chain_block_ids(NS, TOKENS)
+    monkeypatch.setenv("EVERYBYTE_NATIVE_NAMES", "0")
+    B._compiled_names.cache_clear()
+    try:
+        assert B._compiled_names() is None
+        assert chain_block_ids(NS, TOKENS) == want
+        assert want[0].hex() == block_id(NS, None, TOKENS[:16]).hex()
+    finally:
+        B._compiled_names.cache_clear()

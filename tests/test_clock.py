@@ -32,3 +32,20 @@ def test_virtual_clock_only_moves_forward():
         clock.advance(-1)
     with pytest.raises(ValueError):
         clock.advance(float("nan"))
+
+
+def test_advance_each_sums_as_single_advances():
+    import random
+    r = random.Random(3)
+    steps = [r.random() * 10 ** r.randrange(-7, 2) for _ in range(500)]
+    one, each = VirtualClock(1e6), VirtualClock(1e6)
+    for s in steps:
+        one.advance(s)
+    each.advance_each(steps)
+    assert each.now == one.now                     # bit for bit: the same additions in the same order
+    each.advance_each([])
+    assert each.now == one.now
+    for bad in ([1.0, -1e-9], [float("nan")], [0.5, float("nan"), 0.5]):
+        with pytest.raises(ValueError, match="only moves forward"):
+            each.advance_each(bad)
+        assert each.now == one.now                 # a refused batch moves nothing

@@ -7,19 +7,26 @@ Partial blocks are never named: their bytes change as tokens arrive.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import os
 import struct
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol, Sequence
+
+from everybyte.native import loader
 
 NAME_BYTES = 16
 ROOT_PARENT = b"\x00" * NAME_BYTES
 _DOMAIN = b"everybyte-kv-block-v1"
 
 
+_PERSON = b"everybyte.kv"
+
+
 def _h(*parts: bytes) -> bytes:
-    h = hashlib.blake2b(digest_size=NAME_BYTES, person=b"everybyte.kv")
+    h = hashlib.blake2b(digest_size=NAME_BYTES, person=_PERSON)
     for p in parts:
         h.update(p)
     return h.digest()
@@ -89,7 +96,7 @@ def _block_hasher(namespace: KVNamespace) -> Any:
     if h is None:
         if len(_BLOCK_HASHERS) >= 4096:       # one per namespace digest, and tenant salts make many
             _BLOCK_HASHERS.clear()
-        h = hashlib.blake2b(digest_size=NAME_BYTES, person=b"everybyte.kv")
+        h = hashlib.blake2b(digest_size=NAME_BYTES, person=_PERSON)
         h.update(_DOMAIN)
         h.update(namespace.digest)
         _BLOCK_HASHERS[namespace.digest] = h
@@ -116,14 +123,27 @@ def chain_block_ids(namespace: KVNamespace, token_ids: Sequence[int], block_size
         raise ValueError(f"block_size {bs} differs from the namespace's {namespace.block_size}")
     if start_block > 0 and parent is None:
         raise ValueError("start_block > 0 needs the parent name of block start_block-1")
-    names: list[bytes] = []
-    base = _block_hasher(namespace)
     name = ROOT_PARENT if parent is None else parent
     if len(name) != NAME_BYTES:
         raise ValueError(f"parent name must be {NAME_BYTES} bytes, got {len(name)}")
     end = len(token_ids) // bs
     if end <= start_block:
-        return names
+        return []
+    compiled = _compiled_names()
+    if compiled is not None:
+        try:
+            return compiled.chain(_DOMAIN + namespace.digest, name, token_ids, start_block * bs, end * bs, bs,
+                                  _PERSON)
+        except (OverflowError, TypeError):
+            pass                            # not an int64 token: struct.pack below says which
+    return _chain_hashlib(namespace, token_ids, bs, name, start_block, end)
+
+
+def _chain_hashlib(namespace: KVNamespace, token_ids: Sequence[int], bs: int, name: bytes, start_block: int,
+                   end: int) -> list[bytes]:
+    """chain_block_ids with hashlib: the reference the compiled names are tested against."""
+    names: list[bytes] = []
+    base = _block_hasher(namespace)
     packed = memoryview(pack_tokens(token_ids[start_block * bs:end * bs]))   # one pack; a block is 8 * bs bytes
     step = 8 * bs
     for off in range(0, len(packed), step):
@@ -133,6 +153,15 @@ def chain_block_ids(namespace: KVNamespace, token_ids: Sequence[int], block_size
         name = h.digest()
         names.append(name)
     return names
+
+
+@functools.cache
+def _compiled_names() -> Any:
+    """csrc/block_names.c, or None (one warning) when it does not build or EVERYBYTE_NATIVE_NAMES=0:
+    hashlib then."""
+    if os.environ.get("EVERYBYTE_NATIVE_NAMES", "1") == "0":
+        return None
+    return loader.try_module("block_names", "compiled block names", "hashlib")[0]
 
 
 def name_hex(name: bytes) -> str:

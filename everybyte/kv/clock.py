@@ -3,6 +3,8 @@ and in the simulator, so time there advances only by what the caller says. No to
 from __future__ import annotations
 
 import time
+from functools import reduce
+from operator import add
 from typing import Protocol
 
 
@@ -34,6 +36,13 @@ class VirtualClock:
         if not seconds >= 0:
             raise ValueError(f"a clock only moves forward, got {seconds!r}")
         self.now += seconds
+
+    def advance_each(self, steps: list[float]) -> None:
+        """advance(s) for each s in turn, the same float sums, in one pass."""
+        now = reduce(add, steps, self.now)
+        if steps and not (min(steps) >= 0 and now >= self.now):    # a negative step, or a NaN
+            raise ValueError(f"a clock only moves forward, got steps {steps!r}")
+        self.now = now
 
     def monotonic(self) -> float:
         return self.now

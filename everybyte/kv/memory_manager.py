@@ -116,7 +116,8 @@ class KVMemoryManager(SessionOps, BlockManager[KVSequence]):
         fresh = self._fresh(self.blocks_for(len(seq)) - known)
         seq.block_table = hits + shared + fresh
         # a block loaded by an earlier job counts as reuse from the tier it came from
-        levels = [self._loaded_from.pop(b, "G1") for b in hits]
+        loaded = self._loaded_from
+        levels = [loaded.pop(b, "G1") for b in hits] if loaded else ["G1"] * len(hits)
         jobs = {job for job, _ in adopted}
         if n := self.tiers.may_hold(names[known:]):
             self.cache.share(fresh[:n])

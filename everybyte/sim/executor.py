@@ -4,6 +4,8 @@ output lengths come from max_tokens + ignore_eos). RecordedExecutor replays a re
 times and tokens instead (the decision-equivalence test)."""
 from __future__ import annotations
 
+from functools import reduce
+from operator import add
 from typing import Callable, Protocol
 
 from everybyte.engine.core import StepResult
@@ -56,11 +58,8 @@ class CostExecutor:
     def advance_decode(self, num_seqs: int, attended: int, costs: list[float]) -> None:
         if self.decode is not None:
             self.decode.count_decode(num_seqs, attended, len(costs))
-        clock, busy = self.clock, self.busy_s
-        for c in costs:                   # one advance per step: the clock sums them as single steps do
-            clock.advance(c)
-            busy += c
-        self.busy_s = busy
+        self.clock.advance_each(costs)    # step by step: the clock sums them as single steps do
+        self.busy_s = reduce(add, costs, self.busy_s)
         self.steps += len(costs)
         self.tokens += num_seqs * len(costs)
 

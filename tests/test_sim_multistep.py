@@ -95,6 +95,30 @@ def test_a_run_stops_before_a_finish_and_applies_like_single_steps():
     assert a.core.plan_decode() is None                 # r0's last token is next: a real step
 
 
+def test_final_only_outputs_only_finished_requests():
+    """The simulator's cores output finished requests only (EngineCore.final_only); the stream of
+    a core that outputs every step finishes the same requests with the same outputs."""
+    a, b = _core_pair()
+    b.core.final_only = False
+    assert a.core.final_only
+    got: dict[str, list] = {"a": [], "b": []}
+    for w in (a, b):
+        for i, n in enumerate((3, 7)):
+            w.core.add(Sequence(list(range(1000 + i, 1040 + i)), SamplingParams(max_tokens=n, ignore_eos=True),
+                                f"r{i}", arrival_time=0.0))
+    partial = 0
+    while a.core.has_unfinished_requests() or b.core.has_unfinished_requests():
+        outs_a, outs_b = a.core.step(), b.core.step()
+        assert all(o.finished for o in outs_a)
+        partial += sum(not o.finished for o in outs_b)
+        got["a"] += outs_a
+        got["b"] += [o for o in outs_b if o.finished]
+    assert partial > 0
+    key = [(o.request_id, o.token_ids, o.finish_reason, o.metrics.finished_time) for o in got["a"]]
+    assert key == [(o.request_id, o.token_ids, o.finish_reason, o.metrics.finished_time) for o in got["b"]]
+    assert len(key) == 2
+
+
 def test_no_run_with_a_stop_token_or_a_waiting_request():
     a, _ = _core_pair()
     seq = Sequence(list(range(1000, 1040)), SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True,

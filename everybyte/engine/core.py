@@ -77,6 +77,9 @@ class EngineCore:
         # called once per step with the scheduling decision and what the executor did (None when
         # nothing ran): the simulator's decision-equivalence check records both engines with it
         self.observers: list[Callable[[SchedulerOutput, StepResult | None], None]] = []
+        # step() outputs only the requests that finished (vLLM's FINAL_ONLY): a caller that
+        # ignores partial outputs (the simulator) saves building them
+        self.final_only = False
 
     # ---- requests -------------------------------------------------------------------------
     def check(self, seq: Sequence) -> None:
@@ -130,12 +133,16 @@ class EngineCore:
         for k, i in enumerate(res.rows):
             req = self.requests[sched.seqs[i].request_id]
             self._append(req, res.token_ids[k], res.logprobs[k], now)
-            if req.seq.is_finished and self.on_finish is not None:
-                self.on_finish(req.seq)
+            seq = req.seq
+            if not seq.is_finished:
+                if not self.final_only:
+                    outputs.append(self.output(req))
+                continue
+            if self.on_finish is not None:
+                self.on_finish(seq)
             outputs.append(self.output(req))
-            if req.seq.is_finished:
-                del self.requests[req.seq.request_id]
-                self.executor.release(req.seq.request_id)
+            del self.requests[seq.request_id]
+            self.executor.release(seq.request_id)
         return outputs
 
     def plan_decode(self, until: float = float("inf"), max_steps: int = 512) -> decode_run.DecodeRun | None:

@@ -80,4 +80,5 @@ class SimWorker:
         self.executor: Executor = executor_for(self.clock)
         sched = Scheduler(self.memory, spec.max_num_seqs, spec.max_num_batched_tokens, spec.max_model_len, self.clock)
         self.core = EngineCore(sched, self.executor, self.clock, eos, spec.max_model_len)
+        self.core.final_only = True          # the runner reads finished outputs only
         self.scheduled = False               # a step event for this worker is in the runner's queue

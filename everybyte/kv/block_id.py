@@ -132,8 +132,9 @@ def chain_block_ids(namespace: KVNamespace, token_ids: Sequence[int], block_size
     compiled = _compiled_names()
     if compiled is not None:
         try:
-            return compiled.chain(_DOMAIN + namespace.digest, name, token_ids, start_block * bs, end * bs, bs,
-                                  _PERSON)
+            names: list[bytes] = compiled.chain(_DOMAIN + namespace.digest, name, token_ids, start_block * bs,
+                                                end * bs, bs, _PERSON)
+            return names
         except (OverflowError, TypeError):
             pass                            # not an int64 token: struct.pack below says which
     return _chain_hashlib(namespace, token_ids, bs, name, start_block, end)

@@ -142,3 +142,9 @@ def test_bad_input_is_a_clear_error(argv, text, capsys):
     assert sim_main(["whatif", "--trace", TRACE, "--token-scale", "64", "--sessions-per-gpu", "1", "--turns", "1",
                      *argv]) == 2
     assert text in capsys.readouterr().err
+
+
+def test_unknown_imbalance_source_names_the_choices(capsys):
+    with pytest.raises(SystemExit) as e:
+        sim_main(["whatif", "--imbalance", "guess"])
+    assert e.value.code == 2 and "choose from 'cited', 'derived'" in capsys.readouterr().err

@@ -16,8 +16,10 @@ DeepSeek's reference example.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 Loads = Sequence[Sequence[float]]
 
@@ -124,6 +126,8 @@ def rebalance(weight: torch.Tensor | Loads, num_replicas: int, num_groups: int, 
     """weight [L, E] load per logical expert -> (phy2log [L, R] logical expert of each physical
     slot, log2phy [L, E, max replicas] physical slots of each expert (-1 pads), logcnt [L, E]
     replicas of each expert). GPU g holds slots [g*R/G, (g+1)*R/G)."""
+    import torch  # here, so that place() (the simulator's) needs no torch
+
     w = weight.tolist() if isinstance(weight, torch.Tensor) else [list(row) for row in weight]
     if not w or not isinstance(w[0], list) or any(len(row) != len(w[0]) for row in w):
         raise ValueError("EPLB: weight must be a 2-D [layers, experts] table")
@@ -141,6 +145,19 @@ def rebalance(weight: torch.Tensor | Loads, num_replicas: int, num_groups: int, 
         for slot, (e, r) in enumerate(zip(p2l, rank)):
             log2phy[i, e, r] = slot
     return phy2log, log2phy, logcnt
+
+
+def place(load: Sequence[float], num_replicas: int, num_gpus: int, num_groups: int = 1,
+          num_nodes: int = 1) -> list[int]:
+    """One layer's placement without torch: the logical expert of each physical slot (a row of
+    rebalance's phy2log)."""
+    w = [float(x) for x in load]
+    if any(not (x >= 0 and x != float("inf")) for x in w):
+        raise ValueError("EPLB: loads must be finite and >= 0")
+    check_settings(len(w), num_replicas, num_groups, num_nodes, num_gpus)
+    if not is_hierarchical(num_groups, num_nodes):
+        num_groups, num_nodes = 1, 1
+    return _rebalance_layer(w, num_replicas, num_groups, num_nodes, num_gpus)[0]
 
 
 def rank_loads(load: Sequence[float], phy2log: Sequence[int], num_ranks: int) -> list[float]:

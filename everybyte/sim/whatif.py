@@ -9,6 +9,7 @@ import copy
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from everybyte.sim import expert_imbalance
 from everybyte.sim.build import SimConfig
 from everybyte.sim.fleet_build import FleetConfig, build_fleet
 from everybyte.sim.hardware import get_hardware
@@ -30,7 +31,7 @@ class Scenario:
     weights_format: str = "fp8"
     kv_format: str = "fp8"
     ep: int = 8
-    imbalance: float = EPLB_BEFORE
+    eplb: bool = False                # experts placed by EPLB (with replicas), else split contiguously
     overlap: bool = False             # the all-to-all hidden behind compute (two-batch overlap)
     host_staging: bool = False
     workers: int = 1                  # a fleet of this many workers behind the router
@@ -40,7 +41,7 @@ class Scenario:
     local_nvme: bool = False          # a G3 tier of the catalog's NVMe drives per worker, below G2
 
 
-ALL: dict[str, Any] = {"weights_format": "nvfp4", "kv_format": "nvfp4", "ep": 64, "imbalance": EPLB_AFTER,
+ALL: dict[str, Any] = {"weights_format": "nvfp4", "kv_format": "nvfp4", "ep": 64, "eplb": True,
                        "host_staging": True, "local_nvme": True}
 # `all_fleet`: ALL_FLEET_WORKERS workers of `all` behind the kv router sharing a pod flash tier
 # (2, not FLEET_WORKERS: 4 x EP64 is 256 GPUs, whose sweep outlasts this host's patience)
@@ -55,7 +56,7 @@ LEVERS: dict[str, dict[str, Any] | str] = {
     "ep64": {"ep": 64},
     "ep_overlap": {"overlap": True},
     "ep32_overlap": {"ep": 32, "overlap": True},
-    "eplb": {"imbalance": EPLB_AFTER},
+    "eplb": {"eplb": True},
     "host_staging": {"host_staging": True},
     "local_nvme": {"host_staging": True, "local_nvme": True},
     "fleet_round_robin": {"workers": FLEET_WORKERS, "route": "round-robin"},
@@ -85,6 +86,7 @@ class WhatIfConfig:
     max_num_batched_tokens: int = 32            # trace tokens per step (each token_scale real ones in prefill)
     memory_utilization: float = 0.9
     pod_flash_bandwidth: str | None = None      # the pod flash tier's aggregate bytes/s each way (None: no cap)
+    imbalance: str = "cited"                    # cited: EP32's pair at every degree; derived: sim/expert_imbalance
 
 
 def watts_per_gpu(hw_name: str) -> tuple[float, str]:
@@ -94,6 +96,19 @@ def watts_per_gpu(hw_name: str) -> tuple[float, str]:
     rack = hw.need("rack_power_w")
     n = SYSTEMS.get(hw.name) or int(hw.need("nvlink_domain_gpus"))
     return rack / n, f"rack {rack:g} W / {n} GPUs, includes CPUs and switches ({hw.figures['rack_power_w'][1]})"
+
+
+IMBALANCE_SOURCES = ("cited", "derived")
+
+
+def imbalance_of(cfg: WhatIfConfig, s: Scenario) -> float:
+    """max/mean tokens per GPU for the scenario: the cited EP32 figures at every degree, or the
+    degree's own under the fitted expert-load model (sim/expert_imbalance)."""
+    if cfg.imbalance == "derived":
+        return expert_imbalance.derived(s.ep, s.eplb)
+    if cfg.imbalance != "cited":
+        raise ValueError(f"imbalance source {cfg.imbalance!r}: one of {', '.join(IMBALANCE_SOURCES)}")
+    return EPLB_AFTER if s.eplb else EPLB_BEFORE
 
 
 def scenario_for(lever: str) -> Scenario | str:
@@ -153,7 +168,7 @@ def run_point(cfg: WhatIfConfig, hw_name: str, s: Scenario, trace: Trace, scalin
         host = str(int(size * s.ep))
     sim = SimConfig(hw_name, "deepseek-r1", s.workers, s.ep, s.weights_format, s.kv_format, None,
                     cfg.memory_utilization, host, 16, cfg.max_num_seqs * s.ep, cfg.max_num_batched_tokens * s.ep,
-                    ep=True, expert_imbalance=s.imbalance, token_weight=scaling.token_scale, ep_overlap=s.overlap,
+                    ep=True, expert_imbalance=imbalance_of(cfg, s), token_weight=scaling.token_scale, ep_overlap=s.overlap,
                     disk_tier="catalog" if s.local_nvme else None)
     threshold = max(int(DISAGG_THRESHOLD_TOKENS / scaling.token_scale), 0) if s.disagg else None
     prefill = min(DISAGG_PREFILL_WORKERS, s.workers - 1) if s.disagg else None
@@ -234,10 +249,12 @@ def run_whatif(cfg: WhatIfConfig, trace: Trace, scaling: Scaling, progress=None)
             try:
                 points = sweep(cfg, hw_name, s, trace, scaling)
             except ValueError as e:                            # e.g. the weights do not fit
-                rows.append({**row, "simulated": False, "why_not": str(e), "scenario": s.__dict__})
+                rows.append({**row, "simulated": False, "why_not": str(e),
+                             "scenario": {**s.__dict__, "imbalance": imbalance_of(cfg, s)}})
                 continue
             at = {f"{x:g}": at_interactivity(points, x, cfg.max_ttft_s) for x in cfg.interactivity}
-            rows.append({**row, "simulated": True, "scenario": s.__dict__, "points": points, "at": at})
+            rows.append({**row, "simulated": True, "scenario": {**s.__dict__, "imbalance": imbalance_of(cfg, s)},
+                         "points": points, "at": at})
             if progress:
                 progress(rows[-1])
     return rows

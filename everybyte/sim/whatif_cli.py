@@ -9,6 +9,7 @@ import sys
 from dataclasses import asdict
 
 from everybyte.json_output import emit
+from everybyte.sim import expert_imbalance
 from everybyte.sim.expert_parallel import ExpertParallel
 from everybyte.sim.fleet_links import POD_FLASH
 from everybyte.sim.models import get_model
@@ -20,6 +21,7 @@ from everybyte.sim.whatif import (
     EPLB_BEFORE,
     FLEET_WORKERS,
     HOST_BYTES_PER_GPU,
+    IMBALANCE_SOURCES,
     LEVERS,
     SYSTEMS,
     WhatIfConfig,
@@ -54,9 +56,26 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=128, help="sequences per step per GPU")
     p.add_argument("--pod-flash-bandwidth", default=None, metavar="BYTES_PER_S", help="the pod flash tier's "
                    "aggregate bandwidth each way, shared by every worker (default: no cap beyond each worker's NIC)")
+    p.add_argument("--imbalance", choices=IMBALANCE_SOURCES, default="cited",
+                   help="max/mean tokens per GPU under EP: cited (DeepSeek-R1's EP32 pair, 2.56 / 1.11 with EPLB, at "
+                        "every degree) or derived (per EP degree from an expert-load model fitted to that pair: "
+                        "sim/expert_imbalance)")
     p.add_argument("--out", default=None, help="directory for whatif.json, whatif.md, whatif.png")
     p.add_argument("--json", default=None)
     return p
+
+
+def imbalance_assumption(cfg: WhatIfConfig) -> str:
+    if cfg.imbalance == "cited":
+        return (f"EPLB: imbalance (max/mean tokens per GPU) {EPLB_BEFORE} without, {EPLB_AFTER} with "
+                "(../shared/specs/nvfp4.md, DeepSeek-R1 at EP32), applied at every EP degree (--imbalance derived: "
+                "per degree)")
+    t = expert_imbalance.table(tuple(sorted({8, 32, 64})))
+    per = "; ".join(f"EP{ep} {v['contiguous']:g} without, {v['eplb']:g} with" for ep, v in t["per_ep"].items())
+    return (f"EPLB: imbalance derived per EP degree (sim/expert_imbalance: log-normal expert popularity of sigma "
+            f"{t['sigma']:g}, drift {t['drift']:g} between EPLB's window and the judged steps, "
+            f"{t['model']['redundant_per_gpu']} replica slot per GPU, both fitted to DeepSeek-R1's EP32 pair "
+            f"{EPLB_BEFORE} / {EPLB_AFTER}): {per}")
 
 
 def assumptions(cfg: WhatIfConfig, trace, scaling: Scaling, path: str) -> list[str]:
@@ -75,8 +94,7 @@ def assumptions(cfg: WhatIfConfig, trace, scaling: Scaling, path: str) -> list[s
         "lacks (its row's 'dropped': EP capped at the NVLink domain, no staging without a host link)",
         "ep_overlap / ep32_overlap: EP8 / EP32 with the all-to-all hidden behind compute (two micro-batches, "
         "as DeepSeek serves R1), ideally: a step costs max(compute, all-to-all) instead of their sum",
-        f"EPLB: imbalance (max/mean tokens per GPU) {EPLB_BEFORE} without, {EPLB_AFTER} with "
-        "(../shared/specs/nvfp4.md, DeepSeek-R1 at EP32), applied at every EP degree",
+        imbalance_assumption(cfg),
         f"host staging: parked sessions' KV offloaded to a G2 tier of the catalog's host memory per GPU, or "
         f"{HOST_BYTES_PER_GPU >> 30} GiB per GPU where it has a host link but no size; loads at the host link",
         "local_nvme: host staging + a G3 tier of the catalog's NVMe drives per worker below it (sim/storage_links: "
@@ -122,7 +140,7 @@ def main(argv: list[str]) -> int:
                            interactivity=[float(x) for x in args.interactivity.split(",")], mark=args.mark,
                            max_ttft_s=args.max_ttft,
                            max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-                           pod_flash_bandwidth=args.pod_flash_bandwidth)
+                           pod_flash_bandwidth=args.pod_flash_bandwidth, imbalance=args.imbalance)
         if cfg.mark not in cfg.interactivity:
             cfg.interactivity = sorted(cfg.interactivity + [cfg.mark])
         if cfg.pod_flash_bandwidth is not None:

@@ -35,7 +35,7 @@ DRIVERS = {
              "matters only where KV is the limit (not at these loads)",
     "EP32": "EP32 cuts decode's expert bytes per GPU 4x, but here most step time is compute-bound prefill, "
             "where EP does not cut FLOPs per GPU and adds the all-to-all (not overlapped) x the imbalance "
-            "(2.56 without EPLB); the 1.8x is a decode-dominated figure",
+            "(the note gives each side's); the 1.8x is a decode-dominated figure",
     "CMX": "whether the baseline finds a session's KV at all: a KV-unaware fleet (round-robin over 4 workers) sends "
            "most turns to a worker without the session's context and recomputes it (the workload is mostly "
            "prefill: inputs ~250x outputs), and the pod tier turns that recompute into loads at the NIC's "
@@ -44,6 +44,11 @@ DRIVERS = {
            "between turns (longer tool gaps, more idle sessions, longer contexts than this scaled workload "
            "keeps) or a baseline that recomputes every turn",
 }
+
+
+def _imbalance(rows: list[dict], hw: str, lever: str) -> float | None:
+    return next((r["scenario"].get("imbalance") for r in rows
+                 if r["hardware"] == hw and r["lever"] == lever and "scenario" in r), None)
 
 
 def _value(rows: list[dict], hw: str, lever: str, x: str) -> tuple[float | None, str]:
@@ -76,6 +81,9 @@ def claims(rows: list[dict], mark: float) -> list[dict[str, Any]]:
         ratio = a / b if a is not None and b else None
         bound = "lower bound" in how_a or "lower bound" in how_b
         driver = next(v for k, v in DRIVERS.items() if text.startswith(k) or k in text)
+        if text.startswith("EP"):                     # the expert imbalance each side ran with
+            sides = [(lever, _imbalance(rows, hw, lever)) for hw, lever in (num, den)]
+            note += "".join(f"{lever} imbalance {v:.3g}; " for lever, v in sides if v is not None)
         out.append({"claim": text, "seed": seed, "simulated": ratio, "at_tok_s_per_user": at,
                     "note": note + ("either side is a sweep bound (see the rows): the ratio is indicative; "
                                     if bound else "")

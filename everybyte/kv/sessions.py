@@ -111,10 +111,13 @@ class SessionTable:
         return out
 
     def _release(self, names: list[bytes]) -> None:
+        refs = self.refs
         for n in names:
-            self.refs[n] -= 1
-            if self.refs[n] <= 0:
-                del self.refs[n]
+            left = refs[n] - 1
+            if left > 0:
+                refs[n] = left
+            else:
+                refs.pop(n, None)          # dict.pop: Counter's del runs in Python
 
     def __len__(self) -> int:
         return len(self.sessions)

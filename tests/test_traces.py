@@ -244,6 +244,22 @@ def test_compiled_prompt_tokens_equal_the_numpy_reference(token_scale):
         tokens._compiled().content([], 5, 4, 1.0, 0, 16, 0, 0, 0, 0, 10)
 
 
+def test_compiled_prompt_tokens_share_one_object_per_value():
+    """A vocabulary up to 2**20 values hands out one shared int per value (no allocation per token);
+    a wider one allocates, with the same values either way."""
+    from everybyte.traces import tokens
+    from everybyte.traces.model import Session, Turn
+    if tokens._compiled() is None:
+        pytest.skip("the compiled prompt tokens do not build here")
+    turns = [Turn(0, 0.0, 4096, 10, list(range(64)))]
+    for space, shared in ((TokenSpace(), True), (TokenSpace(0, 1 << 22), False), (TokenSpace(7, 9), True)):
+        sp = SessionPrompts(Session("s", turns, block_size=64), Scaling(token_scale=1.0), space, "m", "t")
+        a, b = sp.content(0, 0, 4096), sp.content(0, 0, 4096)
+        assert a == b == sp.content_numpy(0, 0, 0, 4096)
+        assert all(x is y for x, y in zip(a, b)) is shared
+        assert all(space.low <= x < space.high for x in a)
+
+
 def test_prompt_tokens_fall_back_to_numpy(monkeypatch):
     from everybyte.traces import tokens
     monkeypatch.setenv("EVERYBYTE_NATIVE_TOKENS", "0")

@@ -20,9 +20,14 @@ def placeholder_token(position: int) -> int:
     return placeholder_tokens(position, 1)[0]
 
 
+_TOKENS = tuple(range(TOKEN_LOW, TOKEN_LOW + TOKEN_SPAN))     # one int object per value, shared
+
+
 def placeholder_tokens(start: int, n: int) -> list[int]:
-    """placeholder_token at positions start .. start + n - 1, in one comprehension."""
-    return [TOKEN_LOW + (p * 2654435761) % TOKEN_SPAN for p in range(start, start + n)]
+    """placeholder_token at positions start .. start + n - 1, in one comprehension (the shared int
+    objects: millions of simulated tokens allocate none)."""
+    t = _TOKENS
+    return [t[(p * 2654435761) % TOKEN_SPAN] for p in range(start, start + n)]
 
 
 class DecodePricing(Protocol):

@@ -19,6 +19,43 @@ static inline uint64_t mix(uint64_t x) {
     return x ^ (x >> 31);
 }
 
+/* A synthetic vocabulary repeats its `span` values: each is one shared int object, so a prompt
+ * allocates no ints and copies of prompts touch a few hot objects instead of millions of cold
+ * ones (1M sessions). Rebuilt when another (low, span) asks; none above MAX_SHARED values. */
+#define MAX_SHARED (1 << 20)
+static PyObject **shared = NULL;
+static unsigned long long shared_low = 0, shared_span = 0;
+
+static int share_tokens(unsigned long long low, unsigned long long span) {
+    if (span > MAX_SHARED)
+        return 0;
+    if (shared && shared_low == low && shared_span == span)
+        return 1;
+    PyObject **t = PyMem_Malloc((size_t)span * sizeof(PyObject *));
+    if (!t) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (unsigned long long i = 0; i < span; i++) {
+        t[i] = PyLong_FromUnsignedLongLong(low + i);
+        if (!t[i]) {
+            while (i > 0)
+                Py_DECREF(t[--i]);
+            PyMem_Free(t);
+            return -1;
+        }
+    }
+    if (shared) {
+        for (unsigned long long i = 0; i < shared_span; i++)
+            Py_DECREF(shared[i]);
+        PyMem_Free(shared);
+    }
+    shared = t;
+    shared_low = low;
+    shared_span = span;
+    return 1;
+}
+
 static PyObject *content(PyObject *self, PyObject *args) {
     PyObject *hash_ids;
     long long start, end, rec_a, block_size;
@@ -32,6 +69,9 @@ static PyObject *content(PyObject *self, PyObject *args) {
                      start, end, rec_a, block_size, span);
         return NULL;
     }
+    int use_shared = share_tokens(low, span);
+    if (use_shared < 0)
+        return NULL;
     PyObject *seq = PySequence_Fast(hash_ids, "hash_ids must be a sequence of ints");
     if (!seq)
         return NULL;
@@ -65,7 +105,12 @@ static PyObject *content(PyObject *self, PyObject *args) {
         }
         x = mix(x + (uint64_t)s);
         x = mix(x ^ (hashed ? ns_blocks : ns_unique));
-        PyObject *tok = PyLong_FromUnsignedLongLong(low + x % span);
+        PyObject *tok;
+        if (use_shared) {
+            tok = shared[x % span];
+            Py_INCREF(tok);
+        } else
+            tok = PyLong_FromUnsignedLongLong(low + x % span);
         if (!tok) {
             Py_DECREF(out);
             Py_DECREF(seq);

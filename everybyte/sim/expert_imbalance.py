@@ -27,7 +27,7 @@ import numpy as np
 
 from everybyte.models.eplb import place
 
-CITED_EP, CITED_BEFORE, CITED_AFTER = 32, 2.56, 1.11
+CITED_EP, CITED_BEFORE, CITED_AFTER = 32, 2.56, 1.11      # ../shared/specs/nvfp4.md: DeepSeek-R1 at EP32
 SIGMA, DRIFT = 1.075, 0.114       # fit() with the default model (2026-12-06)
 
 

@@ -19,7 +19,7 @@ from everybyte.traces.model import Trace
 from everybyte.traces.scaling import Scaling
 from everybyte.traces.tokens import TokenSpace
 
-EPLB_BEFORE, EPLB_AFTER = 2.56, 1.11          # ../shared/specs/nvfp4.md: DeepSeek-R1 at EP32, max/mean
+EPLB_BEFORE, EPLB_AFTER = expert_imbalance.CITED_BEFORE, expert_imbalance.CITED_AFTER   # R1 at EP32, max/mean
 HOST_BYTES_PER_GPU = 256 << 30                 # staging room where the catalog has a host link but no size
 FLEET_WORKERS = 4                              # workers (of EP-degree GPUs each) in a fleet lever's pod
 DISAGG_THRESHOLD_TOKENS = 2048                 # real tokens of uncached prefill above which a turn disaggregates

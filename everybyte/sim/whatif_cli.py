@@ -70,7 +70,7 @@ def imbalance_assumption(cfg: WhatIfConfig) -> str:
         return (f"EPLB: imbalance (max/mean tokens per GPU) {EPLB_BEFORE} without, {EPLB_AFTER} with "
                 "(../shared/specs/nvfp4.md, DeepSeek-R1 at EP32), applied at every EP degree (--imbalance derived: "
                 "per degree)")
-    t = expert_imbalance.table(tuple(sorted({8, 32, 64})))
+    t = expert_imbalance.table((8, 32, 64))
     per = "; ".join(f"EP{ep} {v['contiguous']:g} without, {v['eplb']:g} with" for ep, v in t["per_ep"].items())
     return (f"EPLB: imbalance derived per EP degree (sim/expert_imbalance: log-normal expert popularity of sigma "
             f"{t['sigma']:g}, drift {t['drift']:g} between EPLB's window and the judged steps, "

@@ -6,6 +6,7 @@ dispatches, so importing the CLI stays cheap and layers stay apart.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 COMMANDS = {
@@ -51,8 +52,23 @@ def _run(module: str, argv: list[str]) -> int:
     return int(importlib.import_module(module).main(argv) or 0)
 
 
+def _activate_compiled() -> None:
+    """EVERYBYTE_COMPILED=1: the control plane compiled with mypyc (native/compiled), else Python."""
+    from everybyte.native import compiled
+    try:
+        if not (compiled.build_dir() / "MODULES").exists():
+            print("everybyte: building the compiled control plane (mypyc; a few minutes, once)", file=sys.stderr)
+        root = compiled.activate()
+    except Exception as e:  # noqa: BLE001 - any failure: the same modules as Python
+        print(f"everybyte: compiled control plane unavailable, running it as Python ({e})", file=sys.stderr)
+        return
+    print(f"everybyte: compiled control plane from {root}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if os.environ.get("EVERYBYTE_COMPILED") == "1":
+        _activate_compiled()
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage(COMMANDS, "everybyte"))
         return 0 if argv else 2

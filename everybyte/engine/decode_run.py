@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 from everybyte.engine.sequence import Sequence
 
@@ -66,7 +66,7 @@ def _allocations(seqs: list[Sequence], lens: list[int], tables: list[int], bs: i
 def plan(core: "EngineCore", until: float, max_steps: int) -> DecodeRun | None:
     """The next steps as a run (see the module), None when the batch may change at the next step.
     The core has checked that no request has a stop checker (stop strings need every token)."""
-    ex = core.executor
+    ex = cast(DecodeExecutor, core.executor)
     sch = core.scheduler
     if any(getattr(o, "every_step", True) for o in core.observers) or not hasattr(ex, "decode_costs") or max_steps < 1:
         return None
@@ -121,7 +121,7 @@ def apply(core: "EngineCore", run: DecodeRun, m: int) -> None:
     j0, j1 = run.done, min(run.done + m, run.steps)
     if j1 <= j0:
         return
-    ex, bm, bs = core.executor, core.block_manager, core.block_manager.block_size
+    ex, bm, bs = cast(DecodeExecutor, core.executor), core.block_manager, core.block_manager.block_size
     seqs, lens = run.seqs, run.lens
     n = len(seqs)
     attended = sum(ln + j0 for ln in lens)   # context over the batch at step j0: computed + 1 each
@@ -145,7 +145,7 @@ def apply(core: "EngineCore", run: DecodeRun, m: int) -> None:
         s.num_computed_tokens = ln - 1 + j1
         s.metrics.token_times.extend(times)
         if s.logprobs is not None:
-            s.logprobs.extend([None] * (j1 - j0))
+            s.logprobs.extend([None] * (j1 - j0))    # type: ignore[list-item]  # no logprobs were computed
     run.done = j1
 
 

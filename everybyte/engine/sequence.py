@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 from enum import Enum, auto
 from itertools import count
+from typing import Any, ClassVar
 
 from everybyte.engine.outputs import RequestMetrics
 from everybyte.engine.sampling_params import SamplingParams
@@ -17,7 +18,7 @@ class SequenceStatus(Enum):
 
 
 class Sequence:
-    counter = count()
+    counter: ClassVar[count[int]] = count()
 
     def __init__(self, token_ids: list[int], params: SamplingParams | None = None,
                  request_id: str | None = None, prompt: str | None = None,
@@ -39,10 +40,10 @@ class Sequence:
         self.cache_salt: str | None = None       # tenant salt: blocks are shared only within it
         self.num_cached_tokens = 0               # prompt tokens reused instead of computed
         self.kv_transfer: str | None = None      # "publish": its prompt's KV goes to a decode worker
-        self.kv_transfer_params: dict | None = None   # where that KV waits, once published
+        self.kv_transfer_params: dict[str, Any] | None = None   # where that KV waits, once published
         self.metrics = RequestMetrics(time.time() if arrival_time is None else arrival_time)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.token_ids)
 
     @property
@@ -75,6 +76,6 @@ class Sequence:
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"Sequence(id={self.seq_id}, status={self.status.name}, len={len(self)}, "
                 f"computed={self.num_computed_tokens}, blocks={len(self.block_table)})")

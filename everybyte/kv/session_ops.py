@@ -5,7 +5,7 @@ declared here."""
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any
 
 from everybyte.kv.ledger import ByteLedger
 from everybyte.kv.mover import KVMover, PoolGeometry
@@ -27,9 +27,11 @@ class SessionOps:
     seqs: dict[int, SeqKV]
     offload_on_park: bool
 
-    _fresh: Callable[[int], list[int]]   # the host class's
+    def _fresh(self, n: int) -> list[int]:     # the host class's
+        raise NotImplementedError
 
-    _flush: Callable[[], None]   # the host class's
+    def _flush(self) -> None:                   # the host class's
+        raise NotImplementedError
 
     def park(self, session_id: str, expected_gap_s: float | None = None) -> int:
         """The agent is in a tool call: its blocks go first when G1 needs room, and leave the

@@ -9,6 +9,7 @@ from operator import add
 from typing import Callable, Protocol
 
 from everybyte.engine.core import StepResult
+from everybyte.engine.sequence import Sequence
 from everybyte.kv.clock import VirtualClock
 
 TOKEN_LOW, TOKEN_SPAN = 1000, 29000
@@ -39,7 +40,7 @@ class DecodePricing(Protocol):
 
 
 class CostExecutor:
-    def __init__(self, clock: VirtualClock, batch_seconds: Callable[[list, list[int]], float],
+    def __init__(self, clock: VirtualClock, batch_seconds: Callable[[list[Sequence], list[int]], float],
                  token: Callable[[int], int] = placeholder_token, record_releases: bool = False,
                  decode: DecodePricing | None = None):
         """decode: prices decode steps ahead, so EngineCore can run several at once (engine/decode_run)."""
@@ -49,12 +50,12 @@ class CostExecutor:
         self.decode = decode
 
     # ---- multi-step decode (engine/decode_run.DecodeExecutor) ---------------------------------
-    def decode_costs(self, seqs, steps: int) -> list[float] | None:
+    def decode_costs(self, seqs: list[Sequence], steps: int) -> list[float] | None:
         if self.decode is None:
             return None
         return self.decode.decode_run_seconds(len(seqs), sum(s.num_computed_tokens + 1 for s in seqs), steps)
 
-    def decode_tokens(self, seq, n: int) -> list[int]:
+    def decode_tokens(self, seq: Sequence, n: int) -> list[int]:
         start, token = len(seq.token_ids), self.token
         if token is placeholder_token:            # one comprehension: a call per simulated token adds up
             return placeholder_tokens(start, n)
@@ -68,7 +69,7 @@ class CostExecutor:
         self.steps += len(costs)
         self.tokens += num_seqs * len(costs)
 
-    def execute(self, seqs, num_new_tokens) -> StepResult:
+    def execute(self, seqs: list[Sequence], num_new_tokens: list[int]) -> StepResult:
         cost = self.batch_seconds(seqs, num_new_tokens)
         self.clock.advance(cost)
         self.steps += 1
@@ -95,7 +96,7 @@ class RecordedExecutor:
         self.steps = 0
         self.given: dict[str, int] = {}
 
-    def execute(self, seqs, num_new_tokens) -> StepResult:
+    def execute(self, seqs: list[Sequence], num_new_tokens: list[int]) -> StepResult:
         if self.steps >= len(self.step_seconds):
             raise RuntimeError(f"the simulated engine took more steps than the real one ({len(self.step_seconds)})")
         cost = self.step_seconds[self.steps]

@@ -23,7 +23,7 @@ import heapq
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 from everybyte.engine.decode_run import DecodeRun
 from everybyte.engine.sampling_params import SamplingParams
@@ -40,7 +40,7 @@ LOOP_GC_THRESHOLDS = (200_000, 100, 1000)
 
 
 @contextmanager
-def rare_collections():
+def rare_collections() -> Iterator[None]:
     """The event loop allocates many short-lived objects while millions of long-lived ones (the
     trace, the caches' state) stay: with the default thresholds the cycle collector rescans those
     often (19% of the loop at 20,000 sessions). Collections are rarer, not off, and reset after."""
@@ -90,13 +90,13 @@ class RunConfig:
 class Runner:
     def __init__(self, trace: Trace, scaling: Scaling, space: TokenSpace, workers: list[SimWorker],
                  cfg: RunConfig, route: Callable[[SimRequest], int] | None = None, weights_bytes: int = 0,
-                 dispatch: Callable[["Runner", SimRequest, Sequence, SessionState], bool] | None = None):
+                 dispatch: Callable[["Runner", SimRequest, Sequence, SessionState], bool] | None = None) -> None:
         """dispatch(runner, request, seq, state): a hook that may take a turn instead of route
         (True), e.g. disaggregated prefill (sim/fleet_disagg), submitting it later itself."""
         self.trace, self.scaling, self.space, self.workers, self.cfg = trace, scaling, space, workers, cfg
         self.route = route or SessionSticky(len(workers))
         self.dispatch = dispatch
-        self.side: dict[str, Callable] = {}       # request id -> what to do when a non-turn request finishes
+        self.side: dict[str, Callable[[Any, SimWorker], None]] = {}       # request id -> what to do when a non-turn request finishes
         self.weights_bytes = weights_bytes
         self.events: list[tuple[float, int, int, int, object]] = []   # (time, kind, tie, n, what)
         self.n_events = 0
@@ -135,7 +135,7 @@ class Runner:
         if self.runs.pop(w.index, None) is not None:
             self._wake(w, w.clock.now, replace=True)
 
-    def run(self) -> dict:
+    def run(self) -> dict[str, Any]:
         # sessions start in arrival order; only the next one's first turn waits in the queue and a
         # session's state is made when that turn arrives, so the queue and the states stay as
         # small as the live sessions (1M sessions). Its tie, session index + 1, and the counter
@@ -240,7 +240,7 @@ class Runner:
         self._wake(w, self.now)
         return True
 
-    def add_side(self, seq: Sequence, wi: int, then: Callable) -> None:
+    def add_side(self, seq: Sequence, wi: int, then: Callable[[Any, SimWorker], None]) -> None:
         """A request that is no turn of its own (a disaggregated prefill): then(output, worker) when
         it finishes. ValueError when the engine refuses it."""
         w = self._on(wi)
@@ -280,7 +280,7 @@ class Runner:
             self.runs[w.index] = (w, run)
         return run
 
-    def _finished(self, out, w: SimWorker) -> None:
+    def _finished(self, out: Any, w: SimWorker) -> None:
         then = self.side.pop(out.request_id, None)
         if then is not None:
             then(out, w)

@@ -4,11 +4,13 @@ left out, or a build that fails, runs as Python with the same behaviour.
 
 Opt-in (EVERYBYTE_COMPILED=1, read by the CLI before it imports anything else): the build (a
 few minutes, once) goes to the kernel cache keyed by the sources, mypy's version, the
-interpreter and the optimisation level, so a changed source is never served a stale binary.
+interpreter, so a changed source is never served a stale binary; a second process asking for the
+same build waits for the first one's.
 activate() must run before any of MODULES is imported; the simulator is what gains from it
 (bench sim-speed --compiled measures both side by side)."""
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.abc
 import importlib.machinery
@@ -43,34 +45,37 @@ def _source(module: str) -> Path:
     return PACKAGE.parent / (module.replace(".", "/") + ".py")
 
 
-def opt_level() -> str:
-    return os.environ.get("EVERYBYTE_COMPILED_OPT", "3")
-
-
-def build_dir(modules: Sequence[str] = MODULES, opt: str | None = None) -> Path:
+def build_dir(modules: Sequence[str] = MODULES) -> Path:
     """Where the build of these modules' current sources lives (whether or not it exists yet)."""
     import mypy.version
     h = hashlib.sha256("\0".join([mypy.version.__version__, sys.version, sysconfig.get_config_var("SOABI") or "",
-                                  opt or opt_level(), MYPY_CONFIG]).encode())
+                                  MYPY_CONFIG]).encode())
     for m in modules:
         h.update(m.encode() + b"\0" + _source(m).read_bytes())
     return cache_dir() / f"control_plane_{h.hexdigest()[:16]}"
 
 
-def build(modules: Sequence[str] = MODULES, opt: str | None = None) -> Path:
+def build(modules: Sequence[str] = MODULES) -> Path:
     """Compile the modules (cached); the directory holding their extension modules. Raises
-    RuntimeError with mypyc's output when the build fails."""
-    target = build_dir(modules, opt)
+    RuntimeError with mypyc's errors when the build fails."""
+    target = build_dir(modules)
     if (target / "MODULES").exists():
         return target
+    with open(target.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)            # one build; the others wait for it
+        if not (target / "MODULES").exists():
+            _build(modules, target)
+    return target
+
+
+def _build(modules: Sequence[str], target: Path) -> None:
     with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
         work = Path(tmp)
         shutil.copytree(PACKAGE, work / "everybyte", ignore=shutil.ignore_patterns("*.so", "__pycache__", "csrc"))
         (work / "mypy.ini").write_text(MYPY_CONFIG)
-        env = {**os.environ, "MYPYC_OPT_LEVEL": opt or opt_level()}
         paths = [m.replace(".", "/") + ".py" for m in modules]
         done = subprocess.run([sys.executable, "-m", "mypyc", "--config-file", "mypy.ini", *paths], cwd=work,
-                              env=env, capture_output=True, text=True)
+                              capture_output=True, text=True)
         if done.returncode != 0:
             lines = (done.stdout + done.stderr).splitlines()
             raise RuntimeError("mypyc failed:\n" + "\n".join(ln for ln in lines if "error" in ln)[-4000:])
@@ -80,9 +85,9 @@ def build(modules: Sequence[str] = MODULES, opt: str | None = None) -> Path:
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(str(so), dest)
         (staged / "MODULES").write_text("\n".join(modules))
-        if not target.exists():                   # a concurrent build may have finished first
-            os.replace(staged, target)
-    return target
+        if target.exists():                         # a partial build of a killed process
+            shutil.rmtree(target)
+        os.replace(staged, target)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
@@ -114,14 +119,14 @@ def active() -> bool:
     return _active is not None
 
 
-def activate(modules: Sequence[str] = MODULES, opt: str | None = None) -> Path:
+def activate(modules: Sequence[str] = MODULES) -> Path:
     """Build if needed and import the modules compiled from now on. RuntimeError when one of
     them is already imported (it would be a different class than its compiled twin) or the build fails."""
     global _active
     loaded = [m for m in modules if m in sys.modules]
     if loaded:
         raise RuntimeError(f"activate the compiled control plane before importing {', '.join(loaded)}")
-    root = build(modules, opt)
+    root = build(modules)
     sys.meta_path.insert(0, _Finder(root, modules))
     _active = root
     return root

@@ -20,7 +20,8 @@ class SessionSticky:
     """A session's turns go where its first turn went (round-robin over first turns)."""
 
     def __init__(self, n: int):
-        self.first, self.where = RoundRobin(n), {}
+        self.first = RoundRobin(n)
+        self.where: dict[str, int] = {}
 
     def __call__(self, req: "SimRequest") -> int:
         w = self.where.get(req.base_session)

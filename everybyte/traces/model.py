@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-@dataclass
+@dataclass(slots=True)
 class Turn:
     index: int                      # position in the session (recorded order)
     t: float                        # recorded start, seconds since the session started
@@ -27,7 +27,7 @@ class Turn:
     ttft: float | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class Session:
     id: str
     turns: list[Turn]

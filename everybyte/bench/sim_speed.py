@@ -30,7 +30,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.compiled:
         return side_by_side(args)
-    from everybyte.native import compiled
     from everybyte.sim.cli import config_from, run_parser, run_sim
     trace = f"synthetic:sessions={args.sessions},turns=6,arrival_s=0.005,seed=0"
     run_args = run_parser().parse_args(["--workers", str(args.workers), "--kv-cache", "64MiB", "--kv-format",
@@ -52,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
            "sim_requests_per_cpu_s": s["requests"] / s["cpu_s"] if s["cpu_s"] > 0 else None,
            "steps": s["steps"], "events": s["events"], "wall_s": s["wall_s"], "cpu_s": s["cpu_s"],
            "simulated_seconds": s["simulated_seconds"], "workers": args.workers, "trace": trace,
-           "prefix_cache": s.get("prefix_cache"), "compiled": compiled.active(),
+           "prefix_cache": s.get("prefix_cache"), "compiled": s["compiled"],
            "note": "wall_s and cpu_s (its processor time) are the event loop only (trace generation and "
                    "worker construction excluded); one Python process, so one core"}
     if prof:

@@ -8,6 +8,7 @@ import sys
 
 from everybyte.formats.sizes import KV_CACHE_DTYPES, WEIGHT_FORMATS
 from everybyte.json_output import emit
+from everybyte.native import compiled
 from everybyte.sim.build import SimConfig
 from everybyte.sim.calibration import StepFit, StepSample, fit_steps
 from everybyte.sim.fleet_build import FLEET_ROUTES, FleetConfig, build_fleet, fleet_summary, link_stats
@@ -143,6 +144,7 @@ def run_sim(args, cfg: SimConfig) -> dict:
     summary = runner.run()
     summary["fleet"] = fleet_summary(fleet, runner.turns, cost.weight_bytes())
     summary["links"] = link_stats(fleet)
+    summary["compiled"] = compiled.active()      # the control plane built with mypyc (native/compiled)
     if cost.calibration is not None:
         summary["steps_outside_calibrated_range"] = cost.outside_range
     return {"benchmark": "sim", "summary": summary,

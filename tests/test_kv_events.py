@@ -44,7 +44,9 @@ CONTROL_PLANE = ["everybyte.kv.block_id", "everybyte.kv.prefix_cache", "everybyt
                  "everybyte.kv.seq_state", "everybyte.kv.session_ops", "everybyte.kv.memory_manager",
                  "everybyte.kv.tier_movement", "everybyte.engine.scheduler", "everybyte.engine.core", "everybyte.formats.sizes", "everybyte.models.expert_ledger",
                  "everybyte.sim.hardware", "everybyte.sim.cost_model", "everybyte.sim.models",
-                 "everybyte.sim.calibration", "everybyte.sim.link_lanes"]
+                 "everybyte.sim.calibration", "everybyte.sim.link_lanes",
+                 "everybyte.engine.sequence", "everybyte.engine.decode_run", "everybyte.kv.name_memo",
+                 "everybyte.sim.executor", "everybyte.sim.runner", "everybyte.native.compiled"]
 # = pyproject [tool.mypy] files: the strictly typed, torch-free modules
 
 

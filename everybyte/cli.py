@@ -56,9 +56,8 @@ def _activate_compiled() -> None:
     """EVERYBYTE_COMPILED=1: the control plane compiled with mypyc (native/compiled), else Python."""
     from everybyte.native import compiled
     try:
-        if not (compiled.build_dir() / "MODULES").exists():
-            print("everybyte: building the compiled control plane (mypyc; a few minutes, once)", file=sys.stderr)
-        root = compiled.activate()
+        root = compiled.activate(announce=lambda: print(
+            "everybyte: building the compiled control plane (mypyc; a few minutes, once)", file=sys.stderr))
     except Exception as e:  # noqa: BLE001 - any failure: the same modules as Python
         print(f"everybyte: compiled control plane unavailable, running it as Python ({e})", file=sys.stderr)
         return

@@ -255,21 +255,6 @@ class KVMemoryManager(SessionOps, BlockManager[KVSequence]):
         if name is not None and self.tiers.first is not None and not self.tiers.first.contains(name):
             self._evicting.append((block_id, name))
 
-    def _fresh(self, n: int) -> list[int]:
-        """n fresh G1 blocks (ascending, so a sequence's blocks tend to be consecutive), after the
-        blocks evicted for them are written down."""
-        blocks = sorted(self.cache.allocate(n)) if n > 0 else []
-        self._flush()
-        return blocks
-
-    def _flush(self) -> None:
-        if not self._evicting:
-            return
-        batch, self._evicting = sorted(self._evicting), []
-        names = [n for _, n in batch]
-        pin = getattr(self.tiers.first, "pin_memory", False)
-        self.tiers.put_down(names, self.mover.store([b for b, _ in batch], names, pin_memory=pin))
-
     def evict_all(self) -> int:
         """Evict every unreferenced G1 block now (written down to the first tier); returns how many."""
         n = len(self.cache.evict(self.cache.num_blocks))

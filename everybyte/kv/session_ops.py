@@ -1,7 +1,8 @@
 """The memory manager's agent-session operations: park a session during a tool call (its blocks
 go first, or leave the device now), prestage it back before the next turn, drop it, expire idle
-ones, and report where its blocks are. A mixin of KVMemoryManager, which provides the state
-declared here."""
+ones, and report where its blocks are; and taking fresh G1 blocks after writing down the ones
+evicted for them, which these and the host's allocations share. A mixin of KVMemoryManager,
+which provides the state declared here."""
 from __future__ import annotations
 
 import logging
@@ -27,11 +28,22 @@ class SessionOps:
     seqs: dict[int, SeqKV]
     offload_on_park: bool
 
-    def _fresh(self, n: int) -> list[int]:     # the host class's
-        raise NotImplementedError
+    _evicting: list[tuple[int, bytes]]
 
-    def _flush(self) -> None:                   # the host class's
-        raise NotImplementedError
+    def _fresh(self, n: int) -> list[int]:
+        """n fresh G1 blocks (ascending, so a sequence's blocks tend to be consecutive), after the
+        blocks evicted for them are written down."""
+        blocks = sorted(self.cache.allocate(n)) if n > 0 else []
+        self._flush()
+        return blocks
+
+    def _flush(self) -> None:
+        if not self._evicting:
+            return
+        batch, self._evicting = sorted(self._evicting), []
+        names = [n for _, n in batch]
+        pin = getattr(self.tiers.first, "pin_memory", False)
+        self.tiers.put_down(names, self.mover.store([b for b, _ in batch], names, pin_memory=pin))
 
     def park(self, session_id: str, expected_gap_s: float | None = None) -> int:
         """The agent is in a tool call: its blocks go first when G1 needs room, and leave the

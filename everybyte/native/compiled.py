@@ -14,6 +14,7 @@ import fcntl
 import hashlib
 import importlib.abc
 import importlib.machinery
+import importlib.metadata
 import importlib.util
 import os
 import shutil
@@ -23,7 +24,7 @@ import sysconfig
 import tempfile
 from pathlib import Path
 from types import ModuleType
-from typing import Sequence
+from typing import Callable, Sequence
 
 from everybyte.native.loader import cache_dir
 
@@ -49,23 +50,25 @@ def _source(module: str) -> Path:
 
 def build_dir(modules: Sequence[str] = MODULES) -> Path:
     """Where the build of these modules' current sources lives (whether or not it exists yet)."""
-    import mypy.version
-    h = hashlib.sha256("\0".join([mypy.version.__version__, sys.version, sysconfig.get_config_var("SOABI") or "",
+    h = hashlib.sha256("\0".join([importlib.metadata.version("mypy"), sys.version, sysconfig.get_config_var("SOABI") or "",
                                   MYPY_CONFIG]).encode())
     for m in modules:
         h.update(m.encode() + b"\0" + _source(m).read_bytes())
     return cache_dir() / f"control_plane_{h.hexdigest()[:16]}"
 
 
-def build(modules: Sequence[str] = MODULES) -> Path:
-    """Compile the modules (cached); the directory holding their extension modules. Raises
-    RuntimeError with mypyc's errors when the build fails."""
+def build(modules: Sequence[str] = MODULES, announce: Callable[[], None] | None = None) -> Path:
+    """Compile the modules (cached); the directory holding their extension modules. announce()
+    runs first when this process is the one that builds. Raises RuntimeError with mypyc's errors
+    when the build fails."""
     target = build_dir(modules)
     if (target / "MODULES").exists():
         return target
     with open(target.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)            # one build; the others wait for it
         if not (target / "MODULES").exists():
+            if announce is not None:
+                announce()
             _build(modules, target)
     return target
 
@@ -121,14 +124,14 @@ def active() -> bool:
     return _active is not None
 
 
-def activate(modules: Sequence[str] = MODULES) -> Path:
+def activate(modules: Sequence[str] = MODULES, announce: Callable[[], None] | None = None) -> Path:
     """Build if needed and import the modules compiled from now on. RuntimeError when one of
     them is already imported (it would be a different class than its compiled twin) or the build fails."""
     global _active
     loaded = [m for m in modules if m in sys.modules]
     if loaded:
         raise RuntimeError(f"activate the compiled control plane before importing {', '.join(loaded)}")
-    root = build(modules)
+    root = build(modules, announce)
     sys.meta_path.insert(0, _Finder(root, modules))
     _active = root
     return root

@@ -1,26 +1,15 @@
 """Disaggregated prefill/decode through `everybyte router --disagg-threshold` on real workers
-(`serve --role prefill` and `--role decode`, cluster contract §4). Skipped where serve has no
---role/--kv-connector and /v1/kv/info yet (the events and connector branches bring them): a long
+(`serve --role prefill` and `--role decode`, cluster contract §4): a long
 prompt is prefilled on the prefill worker and its KV moves to the decode worker (the decode
 worker's remote prefill tokens grow), with the same greedy text as an aggregated worker; a
 short prompt stays on the decode worker alone."""
 from __future__ import annotations
-
-import subprocess
-import sys
 
 import httpx
 import pytest
 from serve_fixtures import Server
 from test_router_e2e import ENGINE, router
 
-
-def _serve_can_disaggregate() -> bool:
-    out = subprocess.run([sys.executable, "-m", "everybyte.cli", "serve", "--help"], capture_output=True, text=True)
-    return all(flag in out.stdout for flag in ("--role", "--kv-connector", "--kv-events"))
-
-
-pytestmark = pytest.mark.skipif(not _serve_can_disaggregate(), reason="serve cannot disaggregate on this branch")
 PROMPT = "The history of the printing press begins in the fifteenth century, when movable type " * 3
 
 

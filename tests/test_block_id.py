@@ -91,12 +91,12 @@ def test_hex_round_trip():
         name_from_hex("abcd")
 
 
-def test_compiled_names_equal_hashlib():
+def testcompiled_names_equal_hashlib():
     """The compiled chain against the hashlib reference: odd block sizes, salts, parents, extreme tokens."""
     import random
 
     from everybyte.kv import block_id as B
-    if B._compiled_names() is None:
+    if B.compiled_names() is None:
         pytest.skip("the compiled block names do not build here")
     r = random.Random(7)
     for trial in range(300):
@@ -111,7 +111,7 @@ def test_compiled_names_equal_hashlib():
         assert chain_block_ids(ns, toks, parent=parent, start_block=start) == want, trial
 
 
-def test_compiled_names_bad_tokens_raise_as_hashlib_does():
+def testcompiled_names_bad_tokens_raise_as_hashlib_does():
     import struct
 
     from everybyte.kv import block_id as B
@@ -119,21 +119,21 @@ def test_compiled_names_bad_tokens_raise_as_hashlib_does():
     for bad in ([1, 2**63], [1, -2**63 - 1], [1.0, 2], ["a", 1]):
         with pytest.raises(struct.error):
             chain_block_ids(ns, bad)
-    if B._compiled_names() is not None:
+    if B.compiled_names() is not None:
         with pytest.raises(ValueError, match="bad parent"):
-            B._compiled_names().chain(b"p", b"short", [1, 2], 0, 2, 2, b"everybyte.kv")
+            B.compiled_names().chain(b"p", b"short", [1, 2], 0, 2, 2, b"everybyte.kv")
         with pytest.raises(ValueError, match="past the tokens"):
-            B._compiled_names().chain(b"p", bytes(NAME_BYTES), [1, 2], 0, 4, 2, b"everybyte.kv")
+            B.compiled_names().chain(b"p", bytes(NAME_BYTES), [1, 2], 0, 4, 2, b"everybyte.kv")
 
 
 def test_block_names_fall_back_to_hashlib(monkeypatch):
     from everybyte.kv import block_id as B
     want = chain_block_ids(NS, TOKENS)
     monkeypatch.setenv("EVERYBYTE_NATIVE_NAMES", "0")
-    B._compiled_names.cache_clear()
+    B.compiled_names.cache_clear()
     try:
-        assert B._compiled_names() is None
+        assert B.compiled_names() is None
         assert chain_block_ids(NS, TOKENS) == want
         assert want[0].hex() == block_id(NS, None, TOKENS[:16]).hex()
     finally:
-        B._compiled_names.cache_clear()
+        B.compiled_names.cache_clear()

@@ -57,3 +57,27 @@ def test_the_memo_is_bounded_and_off_when_not_asked():
     _turn(off, list(range(100, 100 + 2 * BS)), "a")
     _turn(off, list(range(100, 100 + 3 * BS)), "a")
     assert off.names_memo.reused == 0 and not off.names_memo.entries
+
+
+def test_equal_blocks_native_and_python_agree(monkeypatch):
+    """The memo's prefix check: block_names.common_prefix (identity, then value) counts the same
+    whole blocks as the slice comparison it replaces, for shared, fresh and unequal ints."""
+    import random
+
+    from everybyte.kv import block_id, name_memo
+    if block_id.compiled_names() is None:
+        import pytest
+        pytest.skip("the block_names C module did not build here (no compiler)")
+    rng = random.Random(0)
+    cases = []
+    for _ in range(200):
+        kept = [rng.randrange(2**40) for _ in range(rng.randrange(0, 6 * BS))]
+        tokens = [int(str(t)) for t in kept]             # equal values, other objects
+        if tokens and rng.random() < 0.7:
+            tokens[rng.randrange(len(tokens))] += 1      # diverge somewhere
+        tokens += [7] * rng.randrange(0, 2 * BS)
+        cases.append((tokens, kept, min(len(kept), len(tokens)) // BS))
+    native = [name_memo.equal_blocks(t, k, n, BS) for t, k, n in cases]
+    monkeypatch.setattr(name_memo, "compiled_names", lambda: None)
+    assert native == [name_memo.equal_blocks(t, k, n, BS) for t, k, n in cases]
+    assert any(0 < x < n for x, (_, _, n) in zip(native, cases))      # partial prefixes were tried

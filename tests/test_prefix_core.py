@@ -47,6 +47,7 @@ def outcome(fn):
 def state(c):
     return {"order": c.evictable_order(), "counts": c.counts(), "names": list(c.names),
             "ref": [c.ref_count(b) for b in range(c.num_blocks)], "stats": dict(c.stats),
+            "unreferenced": c.count_unreferenced([b for b in range(c.num_blocks) if b % 3]),
             "owners": {b: set(o) for b, o in c.owners.items()},
             "sessions": {s: set(v) for s, v in c.session_blocks.items()}, "parked": dict(c.parked),
             "free": c.num_free_blocks, "used": c.num_used_blocks, "empty": c.num_empty_blocks}
@@ -151,6 +152,30 @@ def test_native_matches_reference(seed):
         assert held[id(nat)] == held[id(ref)], where
         if label == "allocate_free" and r[0] == "ok":
             ref.free(r[1]), nat.free(n[1])
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_park_order_of_long_sessions(seed):
+    """Sessions of more than 16 blocks (the merge sort, not the insertion sort, orders them): park and
+    unpark return, and evict in, the order of the Python reference."""
+    rng = random.Random(seed)
+    (ref, _), (nat, _) = pair(128, 32)
+    chains = {s: chain_block_ids(NS, [s] * 4 + [rng.randrange(1000) for _ in range(4 * 40)]) for s in (1, 2, 3)}
+    for c in (ref, nat):
+        tables = {s: c.allocate(len(names)) for s, names in chains.items()}
+        for s, names in chains.items():
+            for b, name in zip(tables[s], names):
+                c.commit(b, name, f"s{s}")
+        order = [(s, i) for s in chains for i in range(len(chains[s]))]
+        random.Random(seed).shuffle(order)
+        for s, i in order:                    # freed one by one in a random order: the keys differ
+            c.free([tables[s][i]])
+    for s in (1, 2, 3):
+        assert nat.park(f"s{s}", float(s)) == ref.park(f"s{s}", float(s))
+        assert nat.evictable_order() == ref.evictable_order()
+    assert nat.unpark("s2") == ref.unpark("s2")
+    assert nat.evictable_order() == ref.evictable_order()
+    assert nat.evict(50) == ref.evict(50)
 
 
 def test_shared_owner_and_errors():

@@ -129,7 +129,7 @@ def chain_block_ids(namespace: KVNamespace, token_ids: Sequence[int], block_size
     end = len(token_ids) // bs
     if end <= start_block:
         return []
-    compiled = _compiled_names()
+    compiled = compiled_names()
     if compiled is not None:
         try:
             names: list[bytes] = compiled.chain(_DOMAIN + namespace.digest, name, token_ids, start_block * bs,
@@ -157,7 +157,7 @@ def _chain_hashlib(namespace: KVNamespace, token_ids: Sequence[int], bs: int, na
 
 
 @functools.cache
-def _compiled_names() -> Any:
+def compiled_names() -> Any:
     """csrc/block_names.c, or None (one warning) when it does not build or EVERYBYTE_NATIVE_NAMES=0:
     hashlib then."""
     if os.environ.get("EVERYBYTE_NATIVE_NAMES", "1") == "0":

@@ -3,8 +3,6 @@ and in the simulator, so time there advances only by what the caller says. No to
 from __future__ import annotations
 
 import time
-from functools import reduce
-from operator import add
 from typing import Protocol
 
 
@@ -39,9 +37,11 @@ class VirtualClock:
 
     def advance_each(self, steps: list[float]) -> None:
         """advance(s) for each s in turn, the same float sums, in one pass."""
-        now = reduce(add, steps, self.now)
-        if steps and not (min(steps) >= 0 and now >= self.now):    # a negative step, or a NaN
-            raise ValueError(f"a clock only moves forward, got steps {steps!r}")
+        now = self.now
+        for s in steps:
+            if not s >= 0:                     # a negative step, or a NaN
+                raise ValueError(f"a clock only moves forward, got steps {steps!r}")
+            now += s
         self.now = now
 
     def monotonic(self) -> float:

@@ -95,8 +95,7 @@ class KVMemoryManager(SessionOps, BlockManager[KVSequence]):
     def can_allocate(self, seq: KVSequence) -> bool:
         names = self._reusable(seq)
         hits = self.cache.lookup(names)
-        ref = self.cache.ref
-        held = [ref[b] for b in hits].count(0)                    # evictable now, pinned once reused
+        held = self.cache.count_unreferenced(hits)                # evictable now, pinned once reused
         loading = len(self.mover.in_flight(names[len(hits):]))
         return self.blocks_for(len(seq)) - len(hits) - loading <= self.num_free_blocks - held
 

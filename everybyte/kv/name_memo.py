@@ -6,7 +6,9 @@ salt, so a checked prefix is always right; the memo saves hashing, nothing else.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Hashable
+from typing import Any, Hashable
+
+from everybyte.kv.block_id import compiled_names
 
 
 class NameMemo:
@@ -32,15 +34,23 @@ class NameMemo:
             return []
         _, kept, names = got
         n = min(len(names), len(tokens) // block_size)
-        # kept holds exactly len(names) blocks: slice it only when tokens has fewer
-        if tokens[:n * block_size] != (kept if n == len(names) else kept[:n * block_size]):
-            lo, hi = 0, n - 1                 # the most blocks equal (a turn that keeps only a part)
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if tokens[:mid * block_size] == kept[:mid * block_size]:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            n = lo
+        n = equal_blocks(tokens, kept, n, block_size)
         self.reused += n
         return names[:n]
+
+
+def equal_blocks(tokens: list[int], kept: list[int], n: int, block_size: int) -> int:
+    """The most leading whole blocks (at most n) in which tokens equals kept, token for token."""
+    native: Any = compiled_names()
+    if native is not None:
+        return int(native.common_prefix(tokens, kept, n * block_size)) // block_size
+    if tokens[:n * block_size] == kept[:n * block_size]:
+        return n
+    lo, hi = 0, n - 1                     # a turn that keeps only a part: binary search
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if tokens[:mid * block_size] == kept[:mid * block_size]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

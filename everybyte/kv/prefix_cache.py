@@ -72,6 +72,11 @@ class PrefixCache(PrefixSessions):
     def ref_count(self, block_id: int) -> int:
         return self.ref[block_id]
 
+    def count_unreferenced(self, block_ids: Sequence[int]) -> int:
+        """How many of these blocks no sequence references (evictable now, pinned once reused)."""
+        ref = self.ref
+        return sum(1 for b in block_ids if ref[b] == 0)
+
     def name_of(self, block_id: int) -> bytes | None:
         return self.names[block_id]
 

@@ -4,8 +4,6 @@ output lengths come from max_tokens + ignore_eos). RecordedExecutor replays a re
 times and tokens instead (the decision-equivalence test)."""
 from __future__ import annotations
 
-from functools import reduce
-from operator import add
 from typing import Callable, Protocol
 
 from everybyte.engine.core import StepResult
@@ -22,13 +20,18 @@ def placeholder_token(position: int) -> int:
 
 
 _TOKENS = tuple(range(TOKEN_LOW, TOKEN_LOW + TOKEN_SPAN))     # one int object per value, shared
+_BY_POSITION: list[int] = []                                   # placeholder_token(p) at index p
 
 
 def placeholder_tokens(start: int, n: int) -> list[int]:
-    """placeholder_token at positions start .. start + n - 1, in one comprehension (the shared int
-    objects: millions of simulated tokens allocate none)."""
-    t = _TOKENS
-    return [t[(p * 2654435761) % TOKEN_SPAN] for p in range(start, start + n)]
+    """placeholder_token at positions start .. start + n - 1: a slice of a table by position, grown
+    as longer contexts ask (the shared int objects: millions of simulated tokens allocate none)."""
+    end = start + n
+    table = _BY_POSITION
+    if end > len(table):
+        t = _TOKENS
+        table.extend([t[(p * 2654435761) % TOKEN_SPAN] for p in range(len(table), max(end, 2 * len(table)))])
+    return table[start:end]
 
 
 class DecodePricing(Protocol):
@@ -65,7 +68,10 @@ class CostExecutor:
         if self.decode is not None:
             self.decode.count_decode(num_seqs, attended, len(costs))
         self.clock.advance_each(costs)    # step by step: the clock sums them as single steps do
-        self.busy_s = reduce(add, costs, self.busy_s)
+        busy = self.busy_s
+        for c in costs:
+            busy += c
+        self.busy_s = busy
         self.steps += len(costs)
         self.tokens += num_seqs * len(costs)
 

@@ -4,7 +4,12 @@
  *
  * chain(prefix, parent, tokens, start, end, block_size, person) -> list[bytes]
  * names the blocks of tokens[start:end] (end - start a multiple of block_size); OverflowError
- * when a token does not fit an int64 (the caller then lets struct.pack say so). */
+ * when a token does not fit an int64 (the caller then lets struct.pack say so).
+ *
+ * common_prefix(a, b, limit) -> int
+ * how many leading items of the lists a and b are equal, at most limit (kv/name_memo's check that
+ * a new prompt starts with the context whose names it kept): no slices, and shared int objects
+ * compare by identity before value. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
@@ -176,7 +181,51 @@ done:
     return out;
 }
 
+static PyObject *common_prefix(PyObject *self, PyObject *args) {
+    PyObject *a, *b;
+    Py_ssize_t limit;
+    if (!PyArg_ParseTuple(args, "OOn", &a, &b, &limit))
+        return NULL;
+    PyObject *fa = PySequence_Fast(a, "common_prefix: a must be a sequence");
+    PyObject *fb = fa ? PySequence_Fast(b, "common_prefix: b must be a sequence") : NULL;
+    if (!fb) {
+        Py_XDECREF(fa);
+        return NULL;
+    }
+    Py_ssize_t i = 0;
+    for (;;) {
+        /* sizes and items are read again after each comparison: it may run code that changes them */
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(fa) < PySequence_Fast_GET_SIZE(fb) ? PySequence_Fast_GET_SIZE(fa)
+                                                                                   : PySequence_Fast_GET_SIZE(fb);
+        if (limit < n)
+            n = limit;
+        PyObject **xa = PySequence_Fast_ITEMS(fa), **xb = PySequence_Fast_ITEMS(fb);
+        while (i < n && xa[i] == xb[i])
+            i++;
+        if (i >= n)
+            break;
+        PyObject *x = xa[i], *y = xb[i];
+        Py_INCREF(x);
+        Py_INCREF(y);
+        int eq = PyObject_RichCompareBool(x, y, Py_EQ);
+        Py_DECREF(x);
+        Py_DECREF(y);
+        if (eq < 0) {
+            Py_DECREF(fa);
+            Py_DECREF(fb);
+            return NULL;
+        }
+        if (!eq)
+            break;
+        i++;
+    }
+    Py_DECREF(fa);
+    Py_DECREF(fb);
+    return PyLong_FromSsize_t(i < 0 ? 0 : i);
+}
+
 static PyMethodDef METHODS[] = {
+    {"common_prefix", common_prefix, METH_VARARGS, "common_prefix(a, b, limit) -> leading equal items"},
     {"chain", chain, METH_VARARGS, "chain(prefix, parent, tokens, start, end, block_size, person) -> names"},
     {NULL, NULL, 0, NULL}};
 

@@ -29,6 +29,7 @@ typedef struct {
     int32_t *ref;
     PyObject **names;       /* NULL or bytes (owned) */
     PyObject **owners;      /* NULL or set (owned) */
+    PyObject **ids;         /* NULL or block b's int object (owned), made on first use */
     PyObject *by_name;      /* dict name -> int */
     PyObject *session_blocks; /* dict owner -> set of int */
     PyObject *parked;       /* dict session -> expected return (float or None) */
@@ -271,11 +272,27 @@ static Py_ssize_t block_array(Core *c, PyObject *seq, int32_t **out) {
     *out = a;
     return n;
 }
-static PyObject *int_list(const int32_t *a, Py_ssize_t n) {
+/* a new reference to block b's int: one object per block, so lists of blocks allocate no ints */
+static PyObject *block_obj(Core *c, int32_t b) {
+    PyObject *v = c->ids[b];
+    if (!v && !(v = c->ids[b] = PyLong_FromLong(b))) return NULL;
+    Py_INCREF(v);
+    return v;
+}
+/* a new (block, name) tuple; name borrowed */
+static PyObject *block_pair(Core *c, int32_t b, PyObject *name) {
+    PyObject *t = PyTuple_New(2), *v = t ? block_obj(c, b) : NULL;
+    if (!v) { Py_XDECREF(t); return NULL; }
+    Py_INCREF(name);
+    PyTuple_SET_ITEM(t, 0, v);
+    PyTuple_SET_ITEM(t, 1, name);
+    return t;
+}
+static PyObject *int_list(Core *c, const int32_t *a, Py_ssize_t n) {
     PyObject *l = PyList_New(n);
     if (!l) return NULL;
     for (Py_ssize_t k = 0; k < n; k++) {
-        PyObject *v = PyLong_FromLong(a[k]);
+        PyObject *v = block_obj(c, a[k]);
         if (!v) { Py_DECREF(l); return NULL; }
         PyList_SET_ITEM(l, k, v);
     }
@@ -351,7 +368,7 @@ static int own(Core *c, int32_t b, PyObject *owner) {
             if (!blocks || PyDict_SetItem(c->session_blocks, owner, blocks) < 0) { Py_XDECREF(blocks); return -1; }
             Py_DECREF(blocks);
         }
-        PyObject *key = PyLong_FromLong(b);
+        PyObject *key = block_obj(c, b);
         if (!key || PySet_Add(blocks, key) < 0) { Py_XDECREF(key); return -1; }
         Py_DECREF(key);
     }
@@ -361,28 +378,50 @@ static int own(Core *c, int32_t b, PyObject *owner) {
     pf_unpark(c, b);
     return 0;
 }
-typedef struct { int64_t key; Py_ssize_t idx; int32_t b; } Keyed;
-static int keyed_cmp(const void *x, const void *y) {
-    const Keyed *a = x, *b = y;
-    if (a->key != b->key) return a->key < b->key ? -1 : 1;
-    return a->idx < b->idx ? -1 : (a->idx > b->idx);
+typedef struct { int64_t key; int32_t b; } Keyed;
+/* a stable sort by key with the comparison inline (qsort's callback per comparison was most of
+ * park and unpark): insertion when short, else bottom-up merges between a and tmp (n entries
+ * each). Returns the one that holds the sorted entries. */
+static Keyed *keyed_sort(Keyed *a, Keyed *tmp, Py_ssize_t n) {
+    if (n <= 16) {
+        for (Py_ssize_t i = 1; i < n; i++) {
+            Keyed x = a[i];
+            Py_ssize_t j = i;
+            for (; j > 0 && a[j - 1].key > x.key; j--) a[j] = a[j - 1];
+            a[j] = x;
+        }
+        return a;
+    }
+    for (Py_ssize_t w = 1; w < n; w *= 2) {
+        for (Py_ssize_t lo = 0; lo < n; lo += 2 * w) {
+            Py_ssize_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
+            Py_ssize_t i = lo, j = mid, k = lo;
+            while (i < mid && j < hi) tmp[k++] = a[j].key < a[i].key ? a[j++] : a[i++];
+            while (i < mid) tmp[k++] = a[i++];
+            while (j < hi) tmp[k++] = a[j++];
+        }
+        Keyed *t = a;
+        a = tmp;
+        tmp = t;
+    }
+    return a;
 }
 /* the session's blocks in the order they were freed (stable, as sorted(set, key=freed_at)) */
 static Py_ssize_t session_order(Core *c, PyObject *sid, int32_t **out) {
     PyObject *blocks = PyDict_GetItemWithError(c->session_blocks, sid);
     if (!blocks && PyErr_Occurred()) return -1;
     Py_ssize_t n = blocks ? PySet_GET_SIZE(blocks) : 0, pos = 0, k = 0;
-    Keyed *ks = malloc((n ? n : 1) * sizeof(Keyed));
+    Keyed *ks = malloc((n ? 2 * n : 1) * sizeof(Keyed));
     int32_t *a = malloc((n ? n : 1) * sizeof(int32_t));
     if (!ks || !a) { free(ks); free(a); PyErr_NoMemory(); return -1; }
     PyObject *o;
     Py_hash_t h;
     while (blocks && _PySet_NextEntry(blocks, &pos, &o, &h)) {
         long b = PyLong_AsLong(o);
-        ks[k].b = (int32_t)b; ks[k].key = c->freed_at[b]; ks[k].idx = k; k++;
+        ks[k].b = (int32_t)b; ks[k].key = c->freed_at[b]; k++;
     }
-    qsort(ks, k, sizeof(Keyed), keyed_cmp);
-    for (Py_ssize_t i = 0; i < k; i++) a[i] = ks[i].b;
+    Keyed *sorted = keyed_sort(ks, ks + n, k);
+    for (Py_ssize_t i = 0; i < k; i++) a[i] = sorted[i].b;
     free(ks);
     *out = a;
     return k;
@@ -393,7 +432,7 @@ static PyObject *named(Core *c, const int32_t *blocks, Py_ssize_t n) {
     for (Py_ssize_t k = 0; k < n; k++) {
         PyObject *name = c->names[blocks[k]];
         if (!name) { Py_DECREF(l); PyErr_SetString(PyExc_AssertionError, "a session block has no name"); return NULL; }
-        PyObject *t = Py_BuildValue("(iO)", blocks[k], name);
+        PyObject *t = block_pair(c, blocks[k], name);
         if (!t) { Py_DECREF(l); return NULL; }
         PyList_SET_ITEM(l, k, t);
     }
@@ -419,7 +458,7 @@ static PyObject *forget(Core *c, int32_t b) {
     c->owners[b] = NULL;
     if (owners) {
         Py_ssize_t pos = 0;
-        PyObject *s, *key = PyLong_FromLong(b);
+        PyObject *s, *key = block_obj(c, b);
         Py_hash_t h;
         if (!key) { Py_DECREF(owners); Py_XDECREF(name); return NULL; }
         while (_PySet_NextEntry(owners, &pos, &s, &h)) {
@@ -492,7 +531,7 @@ static PyObject *Core_lookup(Core *c, PyObject *names) {
     int32_t *a;
     Py_ssize_t k = lookup_into(c, names, &a, NULL);
     if (k < 0) return NULL;
-    PyObject *l = int_list(a, k);
+    PyObject *l = int_list(c, a, k);
     free(a);
     return l;
 }
@@ -530,10 +569,10 @@ static PyObject *claim_call(Core *c, PyObject *args, PyObject *kw, int refresh) 
     PyObject *l;
     if (refresh) {
         for (Py_ssize_t k = 0; k < ni / 2; k++) { int32_t t = id[k]; id[k] = id[ni - 1 - k]; id[ni - 1 - k] = t; }
-        l = evictable(c, id, ni) < 0 ? NULL : int_list(h, n);
+        l = evictable(c, id, ni) < 0 ? NULL : int_list(c, h, n);
     } else {
         for (Py_ssize_t k = 0; k < n; k++) c->ref[h[k]]++;
-        l = int_list(h, n);
+        l = int_list(c, h, n);
     }
     free(h); free(id);
     return l;
@@ -571,7 +610,7 @@ static PyObject *Core_allocate(Core *c, PyObject *args) {
             Py_DECREF(name);
         }
         c->ref[b] = 1;
-        PyObject *v = PyLong_FromLong(b);
+        PyObject *v = block_obj(c, b);
         if (!v || PyList_Append(l, v) < 0) { Py_XDECREF(v); Py_DECREF(l); return NULL; }
         Py_DECREF(v);
     }
@@ -586,7 +625,8 @@ static PyObject *Core_evict(Core *c, PyObject *args) {
         int32_t b;
         PyObject *name = evict_one(c, &b);
         if (!name) { Py_DECREF(l); return NULL; }
-        PyObject *t = Py_BuildValue("(iN)", b, name);
+        PyObject *t = block_pair(c, b, name);
+        Py_DECREF(name);
         if (!t || PyList_Append(l, t) < 0) { Py_XDECREF(t); Py_DECREF(l); return NULL; }
         Py_DECREF(t);
         empty_append(c, b);
@@ -606,7 +646,8 @@ static PyObject *Core_evict_blocks(Core *c, PyObject *ids) {
         Py_INCREF(name);
         PyObject *got = evicted(c, b, name);
         Py_DECREF(name);
-        PyObject *t = got ? Py_BuildValue("(iN)", b, got) : NULL;
+        PyObject *t = got ? block_pair(c, b, got) : NULL;
+        Py_XDECREF(got);
         if (!t || PyList_Append(l, t) < 0) { Py_XDECREF(t); Py_CLEAR(l); break; }
         Py_DECREF(t);
         empty_append(c, b);
@@ -874,7 +915,7 @@ static PyObject *Core_evictable_order(Core *c, PyObject *unused) {
     Py_ssize_t n = 0;
     for (Py_ssize_t i = 0; i < k; i++) order[n++] = es[i].b;
     for (int32_t b = c->lru_head; b >= 0; b = c->next[b]) order[n++] = b;
-    PyObject *l = int_list(order, n);
+    PyObject *l = int_list(c, order, n);
     free(es); free(order);
     return l;
 }
@@ -882,6 +923,14 @@ static PyObject *Core_ref_count(Core *c, PyObject *arg) {
     Py_ssize_t b = PyLong_AsSsize_t(arg);
     if ((b == -1 && PyErr_Occurred()) || check_block(c, b) < 0) return NULL;
     return PyLong_FromLong(c->ref[b]);
+}
+static PyObject *Core_count_unreferenced(Core *c, PyObject *ids) {
+    int32_t *a;
+    Py_ssize_t n = block_array(c, ids, &a), k = 0;
+    if (n < 0) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) k += c->ref[a[i]] == 0;
+    free(a);
+    return PyLong_FromSsize_t(k);
 }
 static PyObject *Core_name_of(Core *c, PyObject *arg) {
     Py_ssize_t b = PyLong_AsSsize_t(arg);
@@ -993,6 +1042,7 @@ static PyMethodDef Core_methods[] = {
     {"drop", (PyCFunction)(void (*)(void))Core_drop, METH_VARARGS | METH_KEYWORDS, NULL},
     {"evictable_order", (PyCFunction)Core_evictable_order, METH_NOARGS, NULL},
     {"ref_count", (PyCFunction)Core_ref_count, METH_O, NULL},
+    {"count_unreferenced", (PyCFunction)Core_count_unreferenced, METH_O, NULL},
     {"name_of", (PyCFunction)Core_name_of, METH_O, NULL},
     {"block_of", (PyCFunction)Core_block_of, METH_O, NULL},
     {NULL}
@@ -1011,12 +1061,12 @@ static int Core_init(Core *c, PyObject *args, PyObject *kw) {
     c->no_free = PyObject_GetAttrString(hooks, "NoFreeBlocks");
     if (!c->shared || !c->no_free) return -1;
     c->ref = calloc(nb, sizeof(int32_t)); c->names = calloc(nb, sizeof(PyObject *));
-    c->owners = calloc(nb, sizeof(PyObject *)); c->empty = malloc(nb * sizeof(int32_t));
+    c->owners = calloc(nb, sizeof(PyObject *)); c->ids = calloc(nb, sizeof(PyObject *)); c->empty = malloc(nb * sizeof(int32_t));
     c->freed_at = calloc(nb, sizeof(int64_t)); c->prev = malloc(nb * sizeof(int32_t));
     c->next = malloc(nb * sizeof(int32_t)); c->in_lru = calloc(nb, 1); c->is_parked = calloc(nb, 1);
     c->rank = calloc(nb, sizeof(double)); c->ep_tick = malloc(nb * sizeof(int64_t)); c->mark = calloc(nb, 1);
     c->by_name = PyDict_New(); c->session_blocks = PyDict_New(); c->parked = PyDict_New();
-    if (!c->ref || !c->names || !c->owners || !c->empty || !c->freed_at || !c->prev || !c->next || !c->in_lru
+    if (!c->ref || !c->names || !c->owners || !c->ids || !c->empty || !c->freed_at || !c->prev || !c->next || !c->in_lru
         || !c->is_parked || !c->rank || !c->ep_tick || !c->mark) { PyErr_NoMemory(); return -1; }
     if (!c->by_name || !c->session_blocks || !c->parked) return -1;
     c->nb = nb;
@@ -1045,9 +1095,10 @@ static void Core_dealloc(Core *c) {
     PyObject_GC_UnTrack(c);
     Core_clear_refs(c);
     if (c->names) for (Py_ssize_t b = 0; b < c->nb; b++) Py_XDECREF(c->names[b]);
+    if (c->ids) for (Py_ssize_t b = 0; b < c->nb; b++) Py_XDECREF(c->ids[b]);
     Py_XDECREF(c->shared); Py_XDECREF(c->no_free);
     for (Py_ssize_t h = 0; h < c->heap_len; h++) free_run(c->heap[h]);
-    free(c->heap); free(c->ref); free(c->names); free(c->owners); free(c->empty); free(c->freed_at);
+    free(c->heap); free(c->ref); free(c->names); free(c->owners); free(c->ids); free(c->empty); free(c->freed_at);
     free(c->prev); free(c->next); free(c->in_lru); free(c->is_parked); free(c->rank); free(c->ep_tick); free(c->mark);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }

@@ -60,7 +60,7 @@ class CostExecutor:
 
     def decode_tokens(self, seq: Sequence, n: int) -> list[int]:
         start, token = len(seq.token_ids), self.token
-        if token is placeholder_token:            # one comprehension: a call per simulated token adds up
+        if token is placeholder_token:            # a slice of the table: a call per simulated token adds up
             return placeholder_tokens(start, n)
         return [token(p) for p in range(start, start + n)]
 

@@ -59,6 +59,22 @@ def test_the_memo_is_bounded_and_off_when_not_asked():
     assert off.names_memo.reused == 0 and not off.names_memo.entries
 
 
+def test_kept_context_is_a_reference_that_may_grow():
+    """keep() stores the sequence's own lists (no copy); what a sequence appends after it (more
+    tokens, more names) is neither reused as if kept nor able to change what was."""
+    from everybyte.kv.name_memo import NameMemo
+    memo = NameMemo(4)
+    tokens = list(range(100, 100 + 3 * BS))
+    names = chain_block_ids(NS, tokens, BS)
+    memo.keep("s", None, tokens, names, BS)
+    assert memo.entries["s"][1] is tokens and memo.entries["s"][2] is names
+    more = list(range(900, 900 + 2 * BS))
+    tokens += more                                  # the sequence decodes on (a preempted one)
+    names += chain_block_ids(NS, tokens, BS, parent=names[-1], start_block=3)
+    assert memo.prefix("s", None, tokens, BS) == names[:3]       # only the blocks kept
+    assert memo.prefix("s", None, tokens[:2 * BS] + [1] * BS, BS) == names[:2]
+
+
 def test_equal_blocks_native_and_python_agree(monkeypatch):
     """The memo's prefix check: block_names.common_prefix (identity, then value) counts the same
     whole blocks as the slice comparison it replaces, for shared, fresh and unequal ints."""

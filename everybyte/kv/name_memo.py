@@ -14,15 +14,19 @@ from everybyte.kv.block_id import compiled_names
 class NameMemo:
     def __init__(self, max_sessions: int = 0) -> None:
         self.max_sessions = max_sessions
-        self.entries: OrderedDict[Hashable, tuple[str | None, list[int], list[bytes]]] = OrderedDict()
+        # session -> (salt, tokens, names, blocks): the first `blocks` names name those blocks of tokens
+        self.entries: OrderedDict[Hashable, tuple[str | None, list[int], list[bytes], int]] = OrderedDict()
         self.reused = 0                       # names taken from the memo instead of hashed
 
     def keep(self, session: Hashable, salt: str | None, tokens: list[int], names: list[bytes],
              block_size: int) -> None:
-        """The session's context now: `names` are the names of the first len(names) blocks of `tokens`."""
+        """The session's context now: `names` are the names of the first len(names) blocks of
+        `tokens`. Both are kept by reference, not copied (a context is most of a request's
+        tokens): the caller only ever appends to them, as a sequence does to its token ids and
+        block names, so their first len(names) blocks stay what they are now."""
         if not self.max_sessions or not names:
             return
-        self.entries[session] = (salt, tokens[:len(names) * block_size], list(names))
+        self.entries[session] = (salt, tokens, names, len(names))
         self.entries.move_to_end(session)
         if len(self.entries) > self.max_sessions:
             self.entries.popitem(last=False)
@@ -32,9 +36,8 @@ class NameMemo:
         got = self.entries.get(session)
         if got is None or got[0] != salt:
             return []
-        _, kept, names = got
-        n = min(len(names), len(tokens) // block_size)
-        n = equal_blocks(tokens, kept, n, block_size)
+        _, kept, names, blocks = got
+        n = equal_blocks(tokens, kept, min(blocks, len(tokens) // block_size), block_size)
         self.reused += n
         return names[:n]
 

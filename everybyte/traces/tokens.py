@@ -62,6 +62,31 @@ def _compiled() -> Any:
     return loader.try_module("prompt_tokens", "compiled prompt tokens", "numpy")[0]
 
 
+@functools.lru_cache(maxsize=256)
+def _global_key(*parts: str) -> int:
+    """key64 of a trace-wide (global) namespace: one per trace, not one per session."""
+    return key64(*parts)
+
+
+_MARKERS: dict[tuple[int, int, str, str, int], list[int]] = {}
+
+
+def _marker(space: TokenSpace, run_marker: str, scope: str, instance: int) -> list[int]:
+    """The run marker's tokens; a global scope's is the same for every session: made once (the
+    list is shared, and only read)."""
+    if scope != "*":
+        ns = key64(run_marker, scope, instance)
+        return [space.token(ns, i, 0) for i in range(MARKER_LEN)]
+    key = (space.low, space.high, run_marker, scope, instance)
+    got = _MARKERS.get(key)
+    if got is None:
+        if len(_MARKERS) >= 256:
+            _MARKERS.clear()
+        ns = key64(run_marker, scope, instance)
+        got = _MARKERS[key] = [space.token(ns, i, 0) for i in range(MARKER_LEN)]
+    return got
+
+
 class TokenSpace:
     """Token ids drawn from [low, high): clear of special tokens at the bottom of most vocabularies."""
 
@@ -80,11 +105,10 @@ class SessionPrompts:
     def __init__(self, session: Session, scaling: Scaling, space: TokenSpace, run_marker: str,
                  trace_name: str, instance: int = 0):
         self.session, self.scaling, self.space = session, scaling, space
-        local = session.hash_scope != "global"
-        self.ns_blocks = key64(trace_name, session.id if local else "*")
+        scope = session.id if session.hash_scope != "global" else "*"
+        self.ns_blocks = _global_key(trace_name, scope) if scope == "*" else key64(trace_name, scope)
         self.ns_unique = key64(trace_name, session.id, "unique")
-        self.marker = [space.token(key64(run_marker, session.id if local else "*", instance), i, 0)
-                       for i in range(MARKER_LEN)]
+        self.marker = _marker(space, run_marker, scope, instance)
         self.prompts: dict[int, list[int]] = {}
         self.spans: dict[int, list[tuple]] = {}    # (rec_start, rec_end, act_start, act_end, kind, turn)
 

@@ -63,28 +63,15 @@ def _compiled() -> Any:
 
 
 @functools.lru_cache(maxsize=256)
-def _global_key(*parts: str) -> int:
+def _global_key(*parts: str | int) -> int:
     """key64 of a trace-wide (global) namespace: one per trace, not one per session."""
     return key64(*parts)
 
 
-_MARKERS: dict[tuple[int, int, str, str, int], list[int]] = {}
-
-
 def _marker(space: TokenSpace, run_marker: str, scope: str, instance: int) -> list[int]:
-    """The run marker's tokens; a global scope's is the same for every session: made once (the
-    list is shared, and only read)."""
-    if scope != "*":
-        ns = key64(run_marker, scope, instance)
-        return [space.token(ns, i, 0) for i in range(MARKER_LEN)]
-    key = (space.low, space.high, run_marker, scope, instance)
-    got = _MARKERS.get(key)
-    if got is None:
-        if len(_MARKERS) >= 256:
-            _MARKERS.clear()
-        ns = key64(run_marker, scope, instance)
-        got = _MARKERS[key] = [space.token(ns, i, 0) for i in range(MARKER_LEN)]
-    return got
+    """The run marker's tokens; a global scope's namespace key is made once per trace."""
+    ns = _global_key(run_marker, scope, instance) if scope == "*" else key64(run_marker, scope, instance)
+    return [space.token(ns, i, 0) for i in range(MARKER_LEN)]
 
 
 class TokenSpace:

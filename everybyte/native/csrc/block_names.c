@@ -221,7 +221,7 @@ static PyObject *common_prefix(PyObject *self, PyObject *args) {
     }
     Py_DECREF(fa);
     Py_DECREF(fb);
-    return PyLong_FromSsize_t(i < 0 ? 0 : i);
+    return PyLong_FromSsize_t(i);
 }
 
 static PyMethodDef METHODS[] = {

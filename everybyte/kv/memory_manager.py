@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from everybyte.kv.block_id import KVNamespace, chain_block_ids
-from everybyte.kv.block_manager import BlockManager
 from everybyte.kv.clock import SYSTEM, Clock
 from everybyte.kv.events import EventLog, KVEvent
 from everybyte.kv.ledger import ByteLedger, waste_bytes
@@ -29,7 +28,7 @@ from everybyte.kv.sessions import SessionTable
 from everybyte.kv.tier_movement import TierSet
 
 
-class KVMemoryManager(SessionOps, BlockManager[KVSequence]):
+class KVMemoryManager(SessionOps):
     def __init__(self, pool: PoolGeometry, namespace: KVNamespace, tiers: TierSet | None = None,
                  ledger: ByteLedger | None = None, offload_on_park: bool = True, load_timeout_s: float = 10.0,
                  restart_blocks: int = 1, max_sessions: int = 10000, session_idle_s: float = 3600.0,

@@ -77,11 +77,11 @@ class SessionTable:
     def record_context(self, session_id: str, num_tokens: int, names: list[bytes]) -> None:
         s = self.sessions.get(session_id)
         if s is not None:
-            old = s.names
-            if names[:len(old)] == old:           # the context grew: only the new names gain a holder
-                self.refs.update(names[len(old):])
-            else:
-                self.refs.update(names)
+            old, refs = s.names, self.refs
+            grew = names[:len(old)] == old        # the context grew: only the new names gain a holder
+            for n in (names[len(old):] if grew else names):
+                refs[n] = refs.get(n, 0) + 1      # not Counter.update: it runs in Python
+            if not grew:
                 self._release(old)
             s.num_tokens, s.names = num_tokens, list(names)
 

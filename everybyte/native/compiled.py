@@ -34,7 +34,7 @@ MODULES = (
     "everybyte.kv.sessions", "everybyte.kv.session_ops", "everybyte.kv.memory_manager",
     "everybyte.sim.cost_model", "everybyte.sim.executor", "everybyte.sim.runner",
     "everybyte.kv.seq_state", "everybyte.engine.outputs", "everybyte.traces.tokens", "everybyte.kv.block_id",
-    "everybyte.kv.ledger", "everybyte.sim.routes", "everybyte.sim.mover",
+    "everybyte.kv.ledger", "everybyte.sim.routes", "everybyte.sim.mover", "everybyte.kv.block_manager",
 )
 PACKAGE = Path(__file__).resolve().parents[1]           # everybyte/
 MYPY_CONFIG = """[mypy]

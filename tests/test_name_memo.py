@@ -44,8 +44,23 @@ def test_next_turn_names_only_its_new_blocks():
     _turn(mm, diverged, "a")
     assert mm.names_memo.reused == 5 + 2
     _turn(mm, diverged, "a", salt="tenant-b")                              # another tenant: nothing reused
-    _turn(mm, diverged, "other")                                           # another session: nothing either
+    _turn(mm, diverged, "other")                   # a new session: the last context is another tenant's
     assert mm.names_memo.reused == 7
+
+
+def test_a_new_session_takes_the_blocks_it_shares_with_the_latest_context():
+    """A session's first turn (or a request of no session) reuses the names of its leading blocks
+    equal to the context kept last by any session: a system prompt that sessions share is
+    hashed once, not once per session."""
+    mm = _memory(4)
+    system = list(range(1000, 1000 + 3 * BS))
+    _turn(mm, system + list(range(5000, 5000 + 2 * BS)), "a")
+    _turn(mm, system + list(range(7000, 7000 + BS + 3)), "b")             # the 3 system blocks reused
+    assert mm.names_memo.reused == 3
+    _turn(mm, system[:BS] + [5] * (2 * BS), None)                          # no session: 1 block
+    assert mm.names_memo.reused == 4
+    _turn(mm, [1] + system[1:], "c")                                        # differs at its first token
+    assert mm.names_memo.reused == 4
 
 
 def test_the_memo_is_bounded_and_off_when_not_asked():

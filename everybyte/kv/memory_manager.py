@@ -79,7 +79,7 @@ class KVMemoryManager(SessionOps):
 
     def names_of(self, seq: KVSequence) -> list[bytes]:
         known = self._state(seq).names
-        if not known and seq.session_id is not None:
+        if not known:
             known += self.names_memo.prefix(seq.session_id, seq.cache_salt, seq.token_ids, self.block_size)
         if (len(seq) // self.block_size) > len(known):
             ns = self.ns.with_tenant(seq.cache_salt) if seq.cache_salt else self.ns

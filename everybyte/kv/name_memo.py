@@ -1,8 +1,9 @@
 """Block names a session's next turn can reuse: the tokens and names of the last context of each
 of the most recently active sessions (bounded, least recent dropped). A new sequence of the
 session takes the names of its longest whole-block prefix equal, token for token, to that
-context; only the blocks after it are hashed. Names depend only on the tokens and the tenant
-salt, so a checked prefix is always right; the memo saves hashing, nothing else."""
+context (a session with none: the most recent context of any session); only the blocks after it
+are hashed. Names depend only on the tokens and the tenant salt, so a checked prefix is always
+right; the memo saves hashing, nothing else."""
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -32,8 +33,12 @@ class NameMemo:
             self.entries.popitem(last=False)
 
     def prefix(self, session: Hashable, salt: str | None, tokens: list[int], block_size: int) -> list[bytes]:
-        """Names of the longest whole-block prefix of `tokens` equal to the session's kept context."""
+        """Names of the longest whole-block prefix of `tokens` equal to the session's kept context,
+        or, for a session with none (its first turn, or no session), to the most recently kept
+        one: sessions often start with the same system prompt."""
         got = self.entries.get(session)
+        if got is None and self.entries:
+            got = self.entries[next(reversed(self.entries))]
         if got is None or got[0] != salt:
             return []
         _, kept, names, blocks = got

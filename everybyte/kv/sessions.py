@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -45,7 +45,7 @@ class SessionTable:
                              f"{idle_timeout_s}")
         self.max_sessions, self.idle_timeout_s, self.clock = max_sessions, idle_timeout_s, clock
         self.sessions: OrderedDict[str, Session] = OrderedDict()    # least recently active first
-        self.refs: Counter[bytes] = Counter()                       # name -> sessions holding it
+        self.refs: dict[bytes, int] = {}                            # name -> sessions holding it
 
     def __contains__(self, session_id: str) -> bool:
         return session_id in self.sessions
@@ -80,7 +80,7 @@ class SessionTable:
             old, refs = s.names, self.refs
             grew = names[:len(old)] == old        # the context grew: only the new names gain a holder
             for n in (names[len(old):] if grew else names):
-                refs[n] = refs.get(n, 0) + 1      # not Counter.update: it runs in Python
+                refs[n] = refs.get(n, 0) + 1
             if not grew:
                 self._release(old)
             s.num_tokens, s.names = num_tokens, list(names)
@@ -117,7 +117,7 @@ class SessionTable:
             if left > 0:
                 refs[n] = left
             else:
-                refs.pop(n, None)          # dict.pop: Counter's del runs in Python
+                del refs[n]
 
     def __len__(self) -> int:
         return len(self.sessions)

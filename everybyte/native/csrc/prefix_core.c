@@ -30,6 +30,7 @@ typedef struct {
     PyObject **names;       /* NULL or bytes (owned) */
     PyObject **owners;      /* NULL or set (owned) */
     PyObject **ids;         /* NULL or block b's int object (owned), made on first use */
+    PyObject **pairs;       /* NULL or the last (block, name) tuple made for block b (owned) */
     PyObject *by_name;      /* dict name -> int */
     PyObject *session_blocks; /* dict owner -> set of int */
     PyObject *parked;       /* dict session -> expected return (float or None) */
@@ -279,13 +280,20 @@ static PyObject *block_obj(Core *c, int32_t b) {
     Py_INCREF(v);
     return v;
 }
-/* a new (block, name) tuple; name borrowed */
+/* a new reference to a (block, name) tuple; name borrowed. The last one made for a block is kept
+ * and handed out again while the block's name is the same object (park and unpark return a
+ * session's blocks each time: most of a turn's tuples were these) */
 static PyObject *block_pair(Core *c, int32_t b, PyObject *name) {
-    PyObject *t = PyTuple_New(2), *v = t ? block_obj(c, b) : NULL;
+    PyObject *t = c->pairs[b];
+    if (t && PyTuple_GET_ITEM(t, 1) == name) { Py_INCREF(t); return t; }
+    t = PyTuple_New(2);
+    PyObject *v = t ? block_obj(c, b) : NULL;
     if (!v) { Py_XDECREF(t); return NULL; }
     Py_INCREF(name);
     PyTuple_SET_ITEM(t, 0, v);
     PyTuple_SET_ITEM(t, 1, name);
+    Py_INCREF(t);
+    Py_XSETREF(c->pairs[b], t);
     return t;
 }
 static PyObject *int_list(Core *c, const int32_t *a, Py_ssize_t n) {
@@ -1061,12 +1069,13 @@ static int Core_init(Core *c, PyObject *args, PyObject *kw) {
     c->no_free = PyObject_GetAttrString(hooks, "NoFreeBlocks");
     if (!c->shared || !c->no_free) return -1;
     c->ref = calloc(nb, sizeof(int32_t)); c->names = calloc(nb, sizeof(PyObject *));
-    c->owners = calloc(nb, sizeof(PyObject *)); c->ids = calloc(nb, sizeof(PyObject *)); c->empty = malloc(nb * sizeof(int32_t));
+    c->owners = calloc(nb, sizeof(PyObject *)); c->ids = calloc(nb, sizeof(PyObject *));
+    c->pairs = calloc(nb, sizeof(PyObject *)); c->empty = malloc(nb * sizeof(int32_t));
     c->freed_at = calloc(nb, sizeof(int64_t)); c->prev = malloc(nb * sizeof(int32_t));
     c->next = malloc(nb * sizeof(int32_t)); c->in_lru = calloc(nb, 1); c->is_parked = calloc(nb, 1);
     c->rank = calloc(nb, sizeof(double)); c->ep_tick = malloc(nb * sizeof(int64_t)); c->mark = calloc(nb, 1);
     c->by_name = PyDict_New(); c->session_blocks = PyDict_New(); c->parked = PyDict_New();
-    if (!c->ref || !c->names || !c->owners || !c->ids || !c->empty || !c->freed_at || !c->prev || !c->next || !c->in_lru
+    if (!c->ref || !c->names || !c->owners || !c->ids || !c->pairs || !c->empty || !c->freed_at || !c->prev || !c->next || !c->in_lru
         || !c->is_parked || !c->rank || !c->ep_tick || !c->mark) { PyErr_NoMemory(); return -1; }
     if (!c->by_name || !c->session_blocks || !c->parked) return -1;
     c->nb = nb;
@@ -1096,9 +1105,10 @@ static void Core_dealloc(Core *c) {
     Core_clear_refs(c);
     if (c->names) for (Py_ssize_t b = 0; b < c->nb; b++) Py_XDECREF(c->names[b]);
     if (c->ids) for (Py_ssize_t b = 0; b < c->nb; b++) Py_XDECREF(c->ids[b]);
+    if (c->pairs) for (Py_ssize_t b = 0; b < c->nb; b++) Py_XDECREF(c->pairs[b]);
     Py_XDECREF(c->shared); Py_XDECREF(c->no_free);
     for (Py_ssize_t h = 0; h < c->heap_len; h++) free_run(c->heap[h]);
-    free(c->heap); free(c->ref); free(c->names); free(c->owners); free(c->ids); free(c->empty); free(c->freed_at);
+    free(c->heap); free(c->ref); free(c->names); free(c->owners); free(c->ids); free(c->pairs); free(c->empty); free(c->freed_at);
     free(c->prev); free(c->next); free(c->in_lru); free(c->is_parked); free(c->rank); free(c->ep_tick); free(c->mark);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }

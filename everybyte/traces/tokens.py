@@ -171,8 +171,9 @@ class SessionPrompts:
                          for ra, rb, aa, ab, kind, j in self.spans[p] if ra < rec and aa < cut]
         # the context keeps its scaled recorded length: outputs scaled less than inputs take
         # their extra tokens out of the new input (at least one new token stays)
-        full = max(0, self.scaling.scaled_pos(turn.input_tokens) - self.scaling.scaled_pos(rec))
-        want = max(min(1, full), self.scaling.scaled_pos(turn.input_tokens) - len(base))
+        end = self.scaling.scaled_pos(turn.input_tokens)
+        full = max(0, end - self.scaling.scaled_pos(rec))
+        want = max(min(1, full), end - len(base))
         new = self.content(k, rec, turn.input_tokens, want) if full else []
         if not base and not new:
             new = [self.space.token(self.ns_unique, -1 - k, 0)]

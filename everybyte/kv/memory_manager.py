@@ -117,7 +117,7 @@ class KVMemoryManager(SessionOps):
         loaded = self._loaded_from
         levels = [loaded.pop(b, "G1") for b in hits] if loaded else ["G1"] * len(hits)
         jobs = {job for job, _ in adopted}
-        if self.tiers.tiers and (n := self.tiers.may_hold(names[known:])):    # no tier: nothing to load
+        if n := self.tiers.may_hold(names[known:]):
             self.cache.share(fresh[:n])
             jobs.add(self.mover.start(names[known:known + n], fresh[:n], sid))
         first = seq.metrics.first_scheduled_time is None        # first admission, not a preemption's

@@ -38,7 +38,7 @@ class NameMemo:
         one: sessions often start with the same system prompt."""
         got = self.entries.get(session)
         if got is None and self.entries:
-            got = self.entries[next(reversed(self.entries))]
+            got = next(reversed(self.entries.values()))
         if got is None or got[0] != salt:
             return []
         _, kept, names, blocks = got

@@ -93,6 +93,8 @@ class TierSet:
     def may_hold(self, names: list[bytes]) -> int:
         """How many leading names a load might find without asking a remote tier: the run held by
         local tiers, or all of them when a usable shared tier could have any."""
+        if not self.tiers:
+            return 0
         if any(self.worth_loading(t) for t in self.write_through):
             return len(names)
         usable = [t for t in self.local + self.remote if self.worth_loading(t)]

@@ -64,14 +64,13 @@ def _compiled() -> Any:
 
 @functools.lru_cache(maxsize=256)
 def _global_key(*parts: str | int) -> int:
-    """key64 of a trace-wide (global) namespace: one per trace, not one per session."""
     return key64(*parts)
 
 
-def _marker(space: TokenSpace, run_marker: str, scope: str, instance: int) -> list[int]:
-    """The run marker's tokens; a global scope's namespace key is made once per trace."""
-    ns = _global_key(run_marker, scope, instance) if scope == "*" else key64(run_marker, scope, instance)
-    return [space.token(ns, i, 0) for i in range(MARKER_LEN)]
+def _scoped_key(scope: str, *parts: str | int) -> int:
+    """key64 of a namespace in `scope` (a session id, or "*": the whole trace, made once per trace
+    instead of once per session); scope is the second part."""
+    return _global_key(parts[0], scope, *parts[1:]) if scope == "*" else key64(parts[0], scope, *parts[1:])
 
 
 class TokenSpace:
@@ -93,9 +92,10 @@ class SessionPrompts:
                  trace_name: str, instance: int = 0):
         self.session, self.scaling, self.space = session, scaling, space
         scope = session.id if session.hash_scope != "global" else "*"
-        self.ns_blocks = _global_key(trace_name, scope) if scope == "*" else key64(trace_name, scope)
+        self.ns_blocks = _scoped_key(scope, trace_name)
         self.ns_unique = key64(trace_name, session.id, "unique")
-        self.marker = _marker(space, run_marker, scope, instance)
+        ns_marker = _scoped_key(scope, run_marker, instance)
+        self.marker = [space.token(ns_marker, i, 0) for i in range(MARKER_LEN)]
         self.prompts: dict[int, list[int]] = {}
         self.spans: dict[int, list[tuple]] = {}    # (rec_start, rec_end, act_start, act_end, kind, turn)
 

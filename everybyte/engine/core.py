@@ -29,6 +29,9 @@ class StepResult:
     logprobs: list[Any]              # its logprobs entry (None when not asked for)
     seconds: float                   # what the forward took (measured, or what a cost model says)
 
+    def __init__(self, rows: list[int], token_ids: list[int], logprobs: list[Any], seconds: float) -> None:
+        self.rows, self.token_ids, self.logprobs, self.seconds = rows, token_ids, logprobs, seconds
+
 
 class Executor(Protocol):
     def execute(self, seqs: list[Sequence], num_new_tokens: list[int]) -> StepResult:
@@ -61,6 +64,9 @@ class _NoText:
 class CoreRequest:
     seq: Sequence
     stop: StopChecker
+
+    def __init__(self, seq: Sequence, stop: StopChecker) -> None:     # compiled (see SchedulerOutput)
+        self.seq, self.stop = seq, stop
 
 
 class EngineCore:

@@ -45,6 +45,10 @@ class DecodeRun:
     times: list[float]              # times[j]: step j starts; times[j + 1]: it ends (its tokens' time)
     done: int = 0                   # steps applied so far
 
+    def __init__(self, seqs: list[Sequence], lens: list[int], costs: list[float], times: list[float],
+                 done: int = 0) -> None:                  # compiled (see scheduler.SchedulerOutput)
+        self.seqs, self.lens, self.costs, self.times, self.done = seqs, lens, costs, times, done
+
     @property
     def steps(self) -> int:
         return len(self.costs)

@@ -51,3 +51,6 @@ class SeqKV:
     committed: int = 0                                 # leading blocks already named in the prefix cache
     holds_blocks: bool = False                         # allocated (not only looked up)
     load: PendingLoad | None = None                    # set while it waits out of compute
+
+    def __init__(self, seq: KVSequence) -> None:       # compiled (see engine.scheduler.SchedulerOutput)
+        self.seq, self.names, self.committed, self.holds_blocks, self.load = seq, [], 0, False, None

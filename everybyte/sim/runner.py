@@ -61,6 +61,11 @@ class SimRequest:
     max_tokens: int
     arrival: float
 
+    def __init__(self, session_id: str, base_session: str, turn: int, prompt: list[int], max_tokens: int,
+                 arrival: float) -> None:                 # compiled (see engine.scheduler.SchedulerOutput)
+        self.session_id, self.base_session, self.turn = session_id, base_session, turn
+        self.prompt, self.max_tokens, self.arrival = prompt, max_tokens, arrival
+
     @property
     def request_id(self) -> str:
         return f"{self.base_session}-t{self.turn}"

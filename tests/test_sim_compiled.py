@@ -42,13 +42,13 @@ def test_compiled_makes_the_same_decisions(built, name):
 
 def test_the_compiled_modules_are_the_ones_imported(built):
     code = ("from everybyte.native import compiled; root = compiled.activate(); "
-            "import everybyte.engine.scheduler as s, everybyte.sim.runner as r, everybyte.sim.worker as b; "
+            "import everybyte.engine.scheduler as s, everybyte.sim.runner as r, everybyte.sim.metrics as b; "
             "print(s.__file__); print(r.__file__); print(b.__file__); print(root)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     sched, runner, other, root = done.stdout.split()
     assert root == str(built) and sched.startswith(root) and sched.endswith(".so") and runner.endswith(".so")
-    assert other.endswith("worker.py")               # not listed: stays Python
+    assert other.endswith("metrics.py")              # not listed: stays Python
 
 
 def test_activate_after_import_is_refused():

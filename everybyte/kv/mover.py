@@ -14,12 +14,23 @@ from typing import Any, Hashable, Protocol
 
 class PoolGeometry(Protocol):
     """The G1 pool's shape as the control plane sees it: counts and byte sizes, never bytes."""
-    num_blocks: int
-    block_size: int
-    bytes_per_token: int
-    bytes_per_block: int
-    budget_bytes: int
-    nbytes: int
+    @property
+    def num_blocks(self) -> int: ...
+
+    @property
+    def block_size(self) -> int: ...
+
+    @property
+    def bytes_per_token(self) -> int: ...
+
+    @property
+    def bytes_per_block(self) -> int: ...
+
+    @property
+    def budget_bytes(self) -> int: ...
+
+    @property
+    def nbytes(self) -> int: ...
 
 
 @dataclass(eq=False)

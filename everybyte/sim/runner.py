@@ -23,9 +23,10 @@ import heapq
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, cast
 
 from everybyte.engine.decode_run import DecodeRun
+from everybyte.engine.outputs import RequestOutput
 from everybyte.engine.sampling_params import SamplingParams
 from everybyte.engine.sequence import Sequence
 from everybyte.sim.metrics import TurnRecord, summarize
@@ -101,7 +102,7 @@ class Runner:
         self.trace, self.scaling, self.space, self.workers, self.cfg = trace, scaling, space, workers, cfg
         self.route = route or SessionSticky(len(workers))
         self.dispatch = dispatch
-        self.side: dict[str, Callable[[Any, SimWorker], None]] = {}       # request id -> what to do when a non-turn request finishes
+        self.side: dict[str, Callable[[RequestOutput, SimWorker], None]] = {}       # request id -> what to do when a non-turn request finishes
         self.weights_bytes = weights_bytes
         self.events: list[tuple[float, int, int, int, object]] = []   # (time, kind, tie, n, what)
         self.n_events = 0
@@ -164,8 +165,9 @@ class Runner:
             t, kind, _, n, what = heapq.heappop(self.events)
             self.now = t
             if kind == STEP:
-                if self.step_event.get(what.index) == n:           # type: ignore[attr-defined]
-                    self._step(what)                                # type: ignore[arg-type]
+                w = cast(SimWorker, what)                           # a native read of w.index below
+                if self.step_event.get(w.index) == n:
+                    self._step(w)
                 continue
             if self.runs:                                           # an outside event: runs catch up first
                 self._catch_up(t)
@@ -245,7 +247,7 @@ class Runner:
         self._wake(w, self.now)
         return True
 
-    def add_side(self, seq: Sequence, wi: int, then: Callable[[Any, SimWorker], None]) -> None:
+    def add_side(self, seq: Sequence, wi: int, then: Callable[[RequestOutput, SimWorker], None]) -> None:
         """A request that is no turn of its own (a disaggregated prefill): then(output, worker) when
         it finishes. ValueError when the engine refuses it."""
         w = self._on(wi)
@@ -285,16 +287,17 @@ class Runner:
             self.runs[w.index] = (w, run)
         return run
 
-    def _finished(self, out: Any, w: SimWorker) -> None:
+    def _finished(self, out: RequestOutput, w: SimWorker) -> None:
         then = self.side.pop(out.request_id, None)
         if then is not None:
             then(out, w)
             return
         st, k, wi = self.live.pop(out.request_id)
-        m = out.metrics
+        m, end = out.metrics, out.metrics.finished_time
+        assert end is not None                      # a finished request's
         self.turns.append(TurnRecord(st.base, k, len(out.prompt_token_ids), len(out.token_ids),
-                                     out.num_cached_tokens, m.arrival_time, m.first_token_time or m.finished_time,
-                                     m.finished_time, m.num_preemptions, wi))
+                                     out.num_cached_tokens, m.arrival_time, m.first_token_time or end,
+                                     end, m.num_preemptions, wi))
         done = [j for j, last in st.last_use.items() if last == k]
         if k in st.last_use:
             st.outputs[k] = out.token_ids          # a later turn builds on this one's output

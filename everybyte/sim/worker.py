@@ -4,10 +4,13 @@ executor, all on the worker's own virtual clock."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, cast
 
 from everybyte.engine.core import EngineCore, Executor
 from everybyte.engine.scheduler import Scheduler
+from everybyte.engine.sequence import Sequence
 from everybyte.kv.block_id import KVNamespace
+from everybyte.kv.block_manager import BlockManager
 from everybyte.kv.clock import VirtualClock
 from everybyte.kv.memory_manager import KVMemoryManager
 from everybyte.sim.link_lanes import Lanes
@@ -59,8 +62,17 @@ class WorkerSpec:
 
 
 class SimWorker:
-    def __init__(self, index: int, spec: WorkerSpec, executor_for, transfer_seconds, eos=(), shared_tiers=(),
-                 write_seconds=None, pod_lanes=None):
+    index: int
+    spec: WorkerSpec
+    clock: VirtualClock
+    mover: SimMover
+    memory: KVMemoryManager
+    executor: Executor
+    core: EngineCore
+    scheduled: bool
+
+    def __init__(self, index: int, spec: WorkerSpec, executor_for: Any, transfer_seconds: Any, eos: Any = (),
+                 shared_tiers: Any = (), write_seconds: Any = None, pod_lanes: Any = None) -> None:
         """executor_for(clock) -> Executor; transfer_seconds(level, nbytes) -> seconds of a read;
         write_seconds(level, nbytes): of a write (None: writes are free); shared_tiers: tiers every
         worker of the pod holds (the pod flash tier G3.5, shared storage G4: sim/fleet_build), after
@@ -77,8 +89,8 @@ class SimWorker:
         self.memory = KVMemoryManager(pool, ns, tiers, offload_on_park=spec.offload_on_park, clock=self.clock,
                                       restart_blocks=spec.restart_blocks,
                                       mover=self.mover, name_memo_sessions=spec.name_memo_sessions)
-        self.executor: Executor = executor_for(self.clock)
-        sched = Scheduler(self.memory, spec.max_num_seqs, spec.max_num_batched_tokens, spec.max_model_len, self.clock)
+        self.executor = executor_for(self.clock)
+        sched = Scheduler(cast(BlockManager[Sequence], self.memory), spec.max_num_seqs, spec.max_num_batched_tokens, spec.max_model_len, self.clock)
         self.core = EngineCore(sched, self.executor, self.clock, eos, spec.max_model_len)
         self.core.final_only = True          # the runner reads finished outputs only
         self.scheduled = False               # a step event for this worker is in the runner's queue

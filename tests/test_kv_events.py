@@ -46,7 +46,8 @@ CONTROL_PLANE = ["everybyte.kv.block_id", "everybyte.kv.prefix_cache", "everybyt
                  "everybyte.sim.hardware", "everybyte.sim.cost_model", "everybyte.sim.models",
                  "everybyte.sim.calibration", "everybyte.sim.link_lanes",
                  "everybyte.engine.sequence", "everybyte.engine.decode_run", "everybyte.kv.name_memo",
-                 "everybyte.sim.executor", "everybyte.sim.runner", "everybyte.native.compiled"]
+                 "everybyte.sim.executor", "everybyte.sim.runner", "everybyte.sim.worker",
+                 "everybyte.native.compiled"]
 # = pyproject [tool.mypy] files: the strictly typed, torch-free modules
 
 

@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 from everybyte.engine.outputs import RequestMetrics
 from everybyte.engine.sampling_params import SamplingParams
+from everybyte.kv.seq_state import KVSequence
 
 
 class SequenceStatus(Enum):
@@ -17,7 +18,7 @@ class SequenceStatus(Enum):
     FINISHED = auto()
 
 
-class Sequence:
+class Sequence(KVSequence):
     counter: ClassVar[count[int]] = count()
 
     def __init__(self, token_ids: list[int], params: SamplingParams | None = None,
@@ -43,8 +44,9 @@ class Sequence:
         self.kv_transfer_params: dict[str, Any] | None = None   # where that KV waits, once published
         self.metrics = RequestMetrics(time.time() if arrival_time is None else arrival_time)
 
-    def __len__(self) -> int:
-        return len(self.token_ids)
+    @property
+    def first_admission(self) -> bool:
+        return self.metrics.first_scheduled_time is None
 
     @property
     def is_finished(self) -> bool:

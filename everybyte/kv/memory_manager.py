@@ -120,7 +120,7 @@ class KVMemoryManager(SessionOps):
         if n := self.tiers.may_hold(names[known:]):
             self.cache.share(fresh[:n])
             jobs.add(self.mover.start(names[known:known + n], fresh[:n], sid))
-        first = seq.metrics.first_scheduled_time is None        # first admission, not a preemption's
+        first = seq.first_admission
         st = self._state(seq)
         st.holds_blocks = True
         if jobs:

@@ -54,7 +54,8 @@ def test_tenant_salts_never_collide():
 def test_token_packing_is_unambiguous():
     ns = KVNamespace("m", block_size=2)
     assert block_id(ns, None, [1, 2]) != block_id(ns, None, [2, 1])
-    assert block_id(ns, None, [0, 2**32]) != block_id(ns, None, [2**32, 0])
+    assert block_id(ns, None, [0, 2**31 - 1]) != block_id(ns, None, [2**31 - 1, 0])
+    assert block_id(ns, None, [0, -1]) != block_id(ns, None, [-1, 0])
     assert block_id(ns, None, [1, 256]) != block_id(ns, None, [256, 1])
 
 
@@ -102,7 +103,7 @@ def testcompiled_names_equal_hashlib():
     for trial in range(300):
         bs = r.choice([1, 2, 3, 7, 16, 17, 32, 64])
         ns = KVNamespace(f"m{trial}", block_size=bs, tenant_salt=r.choice([None, "", "t", "x" * 200]))
-        toks = [r.choice([0, 1, -1, 2**63 - 1, -2**63, r.randrange(-2**63, 2**63), r.randrange(50000)])
+        toks = [r.choice([0, 1, -1, 2**31 - 1, -2**31, r.randrange(-2**31, 2**31), r.randrange(50000)])
                 for _ in range(r.randrange(0, 40 * bs))]
         start = r.randrange(0, 4)
         parent = None if start == 0 else r.randbytes(NAME_BYTES)
@@ -116,7 +117,7 @@ def testcompiled_names_bad_tokens_raise_as_hashlib_does():
 
     from everybyte.kv import block_id as B
     ns = KVNamespace("m", block_size=2)
-    for bad in ([1, 2**63], [1, -2**63 - 1], [1.0, 2], ["a", 1]):
+    for bad in ([1, 2**31], [1, -2**31 - 1], [1, 2**63], [1.0, 2], ["a", 1]):
         with pytest.raises(struct.error):
             chain_block_ids(ns, bad)
     if B.compiled_names() is not None:

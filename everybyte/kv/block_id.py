@@ -1,7 +1,8 @@
 """Content names for KV blocks.
 
 A full block is named by blake2b-128 over (namespace digest, parent block's name, the block's token
-ids packed as little-endian int64). The namespace covers everything that changes a block's bytes,
+ids packed as little-endian int32: every vocabulary fits, and a 16-token block with its prefix
+then fills one 128-byte BLAKE2b block, so it costs one compression, not two). The namespace covers everything that changes a block's bytes,
 so the same name means the same bytes in every process, tier and node; no seeds, no Python `hash`.
 Partial blocks are never named: their bytes change as tokens arrive.
 """
@@ -19,7 +20,7 @@ from everybyte.native import loader
 
 NAME_BYTES = 16
 ROOT_PARENT = b"\x00" * NAME_BYTES
-_DOMAIN = b"everybyte-kv-block-v1"
+_DOMAIN = b"everybyte-kv-block-v2"           # v2: int32 tokens (v1 packed int64)
 
 
 _PERSON = b"everybyte.kv"
@@ -84,7 +85,8 @@ class KVNamespace:
 
 
 def pack_tokens(token_ids: Sequence[int]) -> bytes:
-    return struct.pack(f"<{len(token_ids)}q", *token_ids)
+    """Little-endian int32 ids; struct.error names a token that is not an int in [-2**31, 2**31)."""
+    return struct.pack(f"<{len(token_ids)}i", *token_ids)
 
 
 _BLOCK_HASHERS: dict[bytes, Any] = {}
@@ -136,7 +138,7 @@ def chain_block_ids(namespace: KVNamespace, token_ids: Sequence[int], block_size
                                                 end * bs, bs, _PERSON)
             return names
         except (OverflowError, TypeError):
-            pass                            # not an int64 token: struct.pack below says which
+            pass                            # not an int32 token: struct.pack below says which
     return _chain_hashlib(namespace, token_ids, bs, name, start_block, end)
 
 
@@ -145,8 +147,8 @@ def _chain_hashlib(namespace: KVNamespace, token_ids: Sequence[int], bs: int, na
     """chain_block_ids with hashlib: the reference the compiled names are tested against."""
     names: list[bytes] = []
     base = _block_hasher(namespace)
-    packed = memoryview(pack_tokens(token_ids[start_block * bs:end * bs]))   # one pack; a block is 8 * bs bytes
-    step = 8 * bs
+    packed = memoryview(pack_tokens(token_ids[start_block * bs:end * bs]))   # one pack; a block is 4 * bs bytes
+    step = 4 * bs
     for off in range(0, len(packed), step):
         h = base.copy()                     # block_id's bytes, without re-hashing the fixed prefix
         h.update(name)

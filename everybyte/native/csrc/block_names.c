@@ -1,10 +1,10 @@
 /* KV block names (kv/block_id.chain_block_ids) in one call: BLAKE2b (RFC 7693) with a 16-byte
  * digest and the personalization hashlib is given, over prefix || parent || the block's tokens as
- * little-endian int64, each block's name the next block's parent. hashlib stays the reference.
+ * little-endian int32, each block's name the next block's parent. hashlib stays the reference.
  *
  * chain(prefix, parent, tokens, start, end, block_size, person) -> list[bytes]
  * names the blocks of tokens[start:end] (end - start a multiple of block_size); OverflowError
- * when a token does not fit an int64 (the caller then lets struct.pack say so).
+ * when a token does not fit an int32 (the caller then lets struct.pack say so).
  *
  * common_prefix(a, b, limit) -> int
  * how many leading items of the lists a and b are equal, at most limit (kv/name_memo's check that
@@ -138,7 +138,7 @@ static PyObject *chain(PyObject *self, PyObject *args) {
         goto done;
     }
     PyObject **items = PySequence_Fast_ITEMS(seq);
-    packed = PyMem_Malloc((size_t)(end - start) * 8 + 1);
+    packed = PyMem_Malloc((size_t)(end - start) * 4 + 1);
     if (!packed) {
         PyErr_NoMemory();
         goto done;
@@ -147,9 +147,13 @@ static PyObject *chain(PyObject *self, PyObject *args) {
         long long v = PyLong_AsLongLong(items[i]);
         if (v == -1 && PyErr_Occurred())
             goto done;
-        uint64_t u = (uint64_t)v;
-        for (int b = 0; b < 8; b++)
-            packed[(i - start) * 8 + b] = (uint8_t)(u >> (8 * b));
+        if (v < INT32_MIN || v > INT32_MAX) {
+            PyErr_SetString(PyExc_OverflowError, "chain: a token does not fit an int32");
+            goto done;
+        }
+        uint32_t u = (uint32_t)v;
+        for (int b = 0; b < 4; b++)
+            packed[(i - start) * 4 + b] = (uint8_t)(u >> (8 * b));
     }
     uint8_t pers[16] = {0}, name[OUT_BYTES];
     memcpy(pers, person.buf, (size_t)person.len);
@@ -163,7 +167,7 @@ static PyObject *chain(PyObject *self, PyObject *args) {
         init(&s, pers);
         update(&s, prefix.buf, (size_t)prefix.len);
         update(&s, name, OUT_BYTES);
-        update(&s, packed + (size_t)k * bs * 8, (size_t)bs * 8);
+        update(&s, packed + (size_t)k * bs * 4, (size_t)bs * 4);
         final(&s, name);
         PyObject *b = PyBytes_FromStringAndSize((const char *)name, OUT_BYTES);
         if (!b) {

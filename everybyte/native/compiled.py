@@ -35,7 +35,7 @@ MODULES = (
     "everybyte.sim.cost_model", "everybyte.sim.executor", "everybyte.sim.runner",
     "everybyte.kv.seq_state", "everybyte.engine.outputs", "everybyte.traces.tokens", "everybyte.kv.block_id",
     "everybyte.kv.ledger", "everybyte.sim.routes", "everybyte.sim.mover", "everybyte.kv.block_manager",
-    "everybyte.sim.worker",
+    "everybyte.sim.worker", "everybyte.traces.scaling",
 )
 PACKAGE = Path(__file__).resolve().parents[1]           # everybyte/
 MYPY_CONFIG = """[mypy]

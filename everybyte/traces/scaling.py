@@ -8,12 +8,13 @@ session stops at the first turn that does not), gaps are multiplied by `gap_scal
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 from everybyte.traces.model import Turn
 
 # Defaults for the embedded SmolLM2-135M (8K window) on a 2-core CPU: contexts of ~1-3K tokens,
 # outputs of a few to 64 tokens, gaps of ~0.5-3 s.
-FORMAT_DEFAULTS = {
+FORMAT_DEFAULTS: dict[str, dict[str, Any]] = {
     "agent_sessions": {"token_scale": 64.0, "output_scale": 16.0},   # p50 input 61K -> ~950 tokens
     "mooncake": {"token_scale": 16.0, "output_scale": 4.0},          # p50 input 11.6K -> ~720 tokens
     "azure": {"token_scale": 4.0, "output_scale": 2.0},              # p50 input 1.5K -> ~370 tokens
@@ -31,7 +32,7 @@ class Scaling:
     max_gap_s: float = 3.0
     arrival_scale: float = 1.0       # open loop with recorded arrivals: seconds multiplied by this
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name in ("token_scale", "output_scale"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
@@ -41,7 +42,7 @@ class Scaling:
             raise ValueError("gap_scale, max_gap_s and arrival_scale must be >= 0")
 
     @classmethod
-    def defaults(cls, fmt: str, model_window: int | None = None, **overrides) -> "Scaling":
+    def defaults(cls, fmt: str, model_window: int | None = None, **overrides: Any) -> "Scaling":
         s = cls(**FORMAT_DEFAULTS.get(fmt, {}))
         if model_window:
             s = replace(s, max_context=min(s.max_context, model_window))
@@ -56,7 +57,7 @@ class Scaling:
     def gap(self, turn: Turn) -> float:
         return min(self.max_gap_s, turn.gap_s * self.gap_scale)
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         d = asdict(self)
         d["rule"] = (f"input tokens / {self.token_scale:g} (by hash block position), output tokens / "
                      f"{self.output_scale:g} capped at {self.max_output} (at least 1), prompt + output <= "

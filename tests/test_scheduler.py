@@ -149,3 +149,13 @@ def test_many_requests_under_pressure_all_finish():
     assert s.block_manager.num_free_blocks == 10
     first = [q.metrics.first_scheduled_time for q in seqs]
     assert first == sorted(first)
+
+
+def test_a_sequence_copies_its_prompt_unless_it_adopts_it():
+    ids = [1, 2, 3]
+    copied, adopted = Sequence(ids), Sequence(ids, adopt=True)
+    copied.append_token(9)
+    assert ids == [1, 2, 3] and copied.token_ids == [1, 2, 3, 9]
+    adopted.append_token(8)
+    assert adopted.token_ids is ids and ids == [1, 2, 3, 8]
+    assert adopted.prompt_token_ids == [1, 2, 3] and adopted.completion_token_ids == [8]

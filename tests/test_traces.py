@@ -187,6 +187,30 @@ def test_synthetic_is_seeded_and_shares_the_system_prompt():
     assert p0[:512] == p1[:512] and p0[512:520] != p1[512:520]          # shared across sessions in a run
 
 
+@pytest.mark.parametrize("adopt", [False, True])
+def test_a_last_child_takes_its_parents_prompt_over_with_the_same_tokens(adopt):
+    """prompt(last_child=True) (the simulator's: no copy of the parent's list) builds the same
+    prompts as copying and drops the parent's list; a parent with more children is copied; and a
+    caller appending each turn's output to the list it got (a Sequence adopting it) changes none."""
+    sessions = list(generate(SyntheticSpec(sessions=3, turns=5, seed=2)).sessions)
+    if AGENT.is_dir():                      # branches and sub-agents: parents with several children
+        sessions.append(load_trace(str(AGENT / "trace_0038.json")).sessions[0])
+    for session in sessions:
+        sc = Scaling.defaults(session.source if session.source == "synthetic" else "agent_sessions", 8192)
+        want, outs = build(session, sc, upto=22)
+        last = {t.parent: k for k, t in enumerate(session.turns[:22]) if t.parent is not None}
+        sp = SessionPrompts(session, sc, TokenSpace(), "run-a", "t")
+        for k, turn in enumerate(session.turns[:22]):
+            took = turn.parent is not None and last[turn.parent] == k
+            ids = sp.prompt(k, {j: o for j, o in outs.items() if j < k}, last_child=took)
+            assert ids == want[k], (session.id, k)
+            if took and turn.extends:
+                assert turn.parent not in sp.prompts          # taken over, not copied
+            if adopt:
+                ids += outs[k]
+        assert sum(t.extends for t in session.turns[1:22]) > 0
+
+
 def test_vectorized_content_is_token_space_token_at_every_position():
     """SessionPrompts.content (numpy, the simulator's hot loop) gives TokenSpace.token of the
     module docstring at every scaled position: hashed blocks by (namespace, hash id, position),

@@ -86,6 +86,9 @@ class EngineCore:
         # step() outputs only the requests that finished (vLLM's FINAL_ONLY): a caller that
         # ignores partial outputs (the simulator) saves building them
         self.final_only = False
+        # outputs carry the prompt's token ids (a copy of the prompt per output); a caller that
+        # knows each prompt already (the simulator: 3% of its time) turns it off and gets []
+        self.prompt_in_outputs = True
 
     # ---- requests -------------------------------------------------------------------------
     def check(self, seq: Sequence) -> None:
@@ -195,7 +198,8 @@ class EngineCore:
     def output(self, req: CoreRequest) -> RequestOutput:
         seq = req.seq
         text = req.stop.text if seq.finish_reason else req.stop.stable_text()
-        return RequestOutput(seq.request_id, seq.prompt, seq.prompt_token_ids, text,
+        prompt_ids = seq.prompt_token_ids if self.prompt_in_outputs else []
+        return RequestOutput(seq.request_id, seq.prompt, prompt_ids, text,
                              seq.completion_token_ids, seq.finish_reason,
                              None if seq.logprobs is None else list(seq.logprobs), seq.metrics,
                              seq.stop_reason, seq.num_cached_tokens, seq.session_id, seq.kv_transfer_params)

@@ -1,9 +1,10 @@
 """Content names for KV blocks.
 
 A full block is named by blake2b-128 over (namespace digest, parent block's name, the block's token
-ids packed as little-endian int32: every vocabulary fits, and a 16-token block with its prefix
-then fills one 128-byte BLAKE2b block, so it costs one compression, not two). The namespace covers everything that changes a block's bytes,
-so the same name means the same bytes in every process, tier and node; no seeds, no Python `hash`.
+ids packed as little-endian int32: every vocabulary fits, and a 16-token block with its prefix then
+fills one 128-byte BLAKE2b block, one compression instead of two). The namespace covers everything
+that changes a block's bytes, so the same name means the same bytes in every process, tier and
+node; no seeds, no Python `hash`.
 Partial blocks are never named: their bytes change as tokens arrive.
 """
 from __future__ import annotations

@@ -10,8 +10,8 @@ from everybyte.kv.mover import LoadJob
 class KVSequence:
     """A sequence as the memory manager reads it: engine.sequence.Sequence extends this class. A
     class, not a Protocol, so the compiled control plane reads these fields directly rather than
-    by name (a generic attribute lookup runs ~190 instructions). The manager writes only block_table,
-    num_computed_tokens, kv_stored_until and num_cached_tokens."""
+    by name (a generic attribute lookup runs ~190 instructions). The manager writes only
+    block_table, num_computed_tokens, kv_stored_until and num_cached_tokens."""
     seq_id: int
     token_ids: list[int]
     block_table: list[int]

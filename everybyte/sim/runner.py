@@ -111,7 +111,7 @@ class Runner:
         self.turns: list[TurnRecord] = []
         self.skipped: dict[str, int] = {}
         self.rejected: list[str] = []
-        self.live: dict[str, tuple[SessionState, int, int]] = {}      # request id -> (state, turn, worker)
+        self.live: dict[str, tuple[SessionState, int, int, int]] = {}  # request id -> (state, turn, worker, prompt tokens)
         self.step_event: dict[int, int] = {}                 # worker index -> its one live step event
         self.runs: dict[int, tuple[SimWorker, DecodeRun]] = {}   # worker index -> its planned decode run
         self.firsts: list[tuple[float, int]] = []            # (first arrival, session index), in order
@@ -209,7 +209,8 @@ class Runner:
             st.parked = None
             self._stop_run(self.workers[pw])
             self.workers[pw].core.resume(psid)
-        ids = st.prompts.prompt(k, st.outputs)
+        last_child = turn.parent is not None and st.last_use.get(turn.parent) == k
+        ids = st.prompts.prompt(k, st.outputs, last_child)
         n_out = self.scaling.output_len(turn)
         if len(ids) + n_out > self.scaling.max_context:
             self._skip("over_max_context", left)
@@ -218,7 +219,7 @@ class Runner:
         params = self.params.get(n_out)
         if params is None:               # one per output length: the engine never changes a request's
             params = self.params[n_out] = SamplingParams(temperature=0.0, max_tokens=n_out, ignore_eos=True)
-        seq = Sequence(ids, params, req.request_id, None, arrival_time=self.now)
+        seq = Sequence(ids, params, req.request_id, None, arrival_time=self.now, adopt=True)   # it appends the output
         seq.session_id = sid
         if self.dispatch is not None and self.dispatch(self, req, seq, st):
             return
@@ -243,7 +244,7 @@ class Runner:
                 forget(seq.request_id)                  # a router that counted it in flight
             return False
         self.sent += 1
-        self.live[seq.request_id] = (st, st.next_turn, wi)
+        self.live[seq.request_id] = (st, st.next_turn, wi, seq.num_prompt_tokens)
         self._wake(w, self.now)
         return True
 
@@ -292,10 +293,10 @@ class Runner:
         if then is not None:
             then(out, w)
             return
-        st, k, wi = self.live.pop(out.request_id)
+        st, k, wi, n_prompt = self.live.pop(out.request_id)
         m, end = out.metrics, out.metrics.finished_time
         assert end is not None                      # a finished request's
-        self.turns.append(TurnRecord(st.base, k, len(out.prompt_token_ids), len(out.token_ids),
+        self.turns.append(TurnRecord(st.base, k, n_prompt, len(out.token_ids),
                                      out.num_cached_tokens, m.arrival_time, m.first_token_time or end,
                                      end, m.num_preemptions, wi))
         done = [j for j, last in st.last_use.items() if last == k]

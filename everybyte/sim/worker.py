@@ -4,7 +4,7 @@ executor, all on the worker's own virtual clock."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Callable, Iterable, cast
 
 from everybyte.engine.core import EngineCore, Executor
 from everybyte.engine.scheduler import Scheduler
@@ -13,7 +13,8 @@ from everybyte.kv.block_id import KVNamespace
 from everybyte.kv.block_manager import BlockManager
 from everybyte.kv.clock import VirtualClock
 from everybyte.kv.memory_manager import KVMemoryManager
-from everybyte.sim.link_lanes import Lanes
+from everybyte.kv.tiers.base import TierBackend
+from everybyte.sim.link_lanes import Lane, Lanes, Seconds
 from everybyte.sim.mover import SimMover
 from everybyte.sim.tiers import NameTier, SyncTierSet
 
@@ -71,8 +72,9 @@ class SimWorker:
     core: EngineCore
     scheduled: bool
 
-    def __init__(self, index: int, spec: WorkerSpec, executor_for: Any, transfer_seconds: Any, eos: Any = (),
-                 shared_tiers: Any = (), write_seconds: Any = None, pod_lanes: Any = None) -> None:
+    def __init__(self, index: int, spec: WorkerSpec, executor_for: Callable[[VirtualClock], Executor],
+                 transfer_seconds: Seconds, eos: Iterable[int] = (), shared_tiers: Iterable[TierBackend] = (),
+                 write_seconds: Seconds | None = None, pod_lanes: dict[tuple[str, str], Lane] | None = None) -> None:
         """executor_for(clock) -> Executor; transfer_seconds(level, nbytes) -> seconds of a read;
         write_seconds(level, nbytes): of a write (None: writes are free); shared_tiers: tiers every
         worker of the pod holds (the pod flash tier G3.5, shared storage G4: sim/fleet_build), after
@@ -80,7 +82,7 @@ class SimWorker:
         self.index, self.spec = index, spec
         self.clock = VirtualClock(0.0)
         pool = spec.pool
-        local = [NameTier(n, level, pool.bytes_per_block, kind) for n, level, kind in
+        local: list[TierBackend] = [NameTier(n, level, pool.bytes_per_block, kind) for n, level, kind in
                  ((spec.host_tier_bytes, "G2", "host"), (spec.disk_tier_bytes, "G3", "disk")) if n]
         tiers = SyncTierSet(local + list(shared_tiers))
         self.mover = SimMover(tiers, self.clock, pool.bytes_per_block, Lanes(transfer_seconds, write_seconds, pod_lanes))
@@ -90,7 +92,9 @@ class SimWorker:
                                       restart_blocks=spec.restart_blocks,
                                       mover=self.mover, name_memo_sessions=spec.name_memo_sessions)
         self.executor = executor_for(self.clock)
-        sched = Scheduler(cast(BlockManager[Sequence], self.memory), spec.max_num_seqs, spec.max_num_batched_tokens, spec.max_model_len, self.clock)
-        self.core = EngineCore(sched, self.executor, self.clock, eos, spec.max_model_len)
+        sched = Scheduler(cast(BlockManager[Sequence], self.memory), spec.max_num_seqs, spec.max_num_batched_tokens,
+                          spec.max_model_len, self.clock)
+        self.core = EngineCore(sched, self.executor, self.clock, tuple(eos), spec.max_model_len)
         self.core.final_only = True          # the runner reads finished outputs only
+        self.core.prompt_in_outputs = False  # it knows each prompt's length from its request
         self.scheduled = False               # a step event for this worker is in the runner's queue

@@ -150,9 +150,18 @@ class SessionPrompts:
                 if kind == "in":
                     return min(ab, aa + self.scaling.scaled_pos(rec_pos) - self.scaling.scaled_pos(ra))
                 return aa + round((rec_pos - ra) / (rb - ra) * (ab - aa))
-        return len(self.prompts[p])
+        return self._length(p)
 
-    def prompt(self, k: int, outputs: dict[int, list[int]]) -> list[int]:
+    def _length(self, p: int) -> int:
+        return self.spans[p][-1][3]             # the end of its last span: a sequence adopting the
+                                                # list may have appended its output past it
+
+    def prompt(self, k: int, outputs: dict[int, list[int]], last_child: bool = False) -> list[int]:
+        """Turn k's prompt. The caller may append to the list (a Sequence adopting it appends its
+        output): only the prompt's own length is read back. last_child: no later turn builds on
+        the parent's prompt, so a turn that extends it takes the parent's list over (forgotten
+        here; whatever was appended past the parent's prompt is replaced by its output, the same
+        tokens when a sequence appended them) instead of copying it."""
         turn = self.session.turns[k]
         base, spans, rec = [], [], 0
         p = turn.parent
@@ -160,9 +169,14 @@ class SessionPrompts:
             parent = self.session.turns[p]
             if turn.extends and p in outputs:
                 out = outputs[p]
-                base = self.prompts[p] + list(out)
+                if last_child:
+                    base = self.prompts.pop(p)
+                    del base[self._length(p):]
+                else:
+                    base = self.prompts[p][:self._length(p)]
+                base += out
                 rec = parent.input_tokens + parent.output_tokens
-                spans = self.spans[p] + [(parent.input_tokens, rec, len(self.prompts[p]), len(base), "out", p)]
+                spans = self.spans[p] + [(parent.input_tokens, rec, len(base) - len(out), len(base), "out", p)]
             else:
                 rec = turn.shared_blocks * self.session.block_size
                 cut = self._cut(p, rec)

@@ -147,8 +147,11 @@ class CostModel:
         kvb, afc, peak, bw, over = self.kv_token_bytes, self.attn_flops_per_ctx, self.peak_flops, self.hbm_bw, \
             self.step_overhead_s
         base = tokens * self.flops_per_token
-        return [max((base + a * w * afc) / peak, (weights + (a + n) * kvb) / bw) + over
-                for a in range(attended, attended + n * steps, n)]
+        out = []
+        for j in range(steps):                             # range(steps): a native loop compiled
+            a = attended + n * j
+            out.append(max((base + a * w * afc) / peak, (weights + (a + n) * kvb) / bw) + over)
+        return out
 
     def count_decode(self, num_seqs: int, attended: int, steps: int) -> None:
         """count_shape of each step of a decode run (nothing to count without a calibration)."""

@@ -73,6 +73,12 @@ def _scoped_key(scope: str, *parts: str | int) -> int:
     return _global_key(parts[0], scope, *parts[1:]) if scope == "*" else key64(parts[0], scope, *parts[1:])
 
 
+@functools.lru_cache(maxsize=256)
+def _marker(low: int, high: int, ns: int) -> list[int]:
+    """The run marker's tokens (a global-scope trace's sessions share one: made once, not per session)."""
+    return [TokenSpace(low, high).token(ns, i, 0) for i in range(MARKER_LEN)]
+
+
 class TokenSpace:
     """Token ids drawn from [low, high): clear of special tokens at the bottom of most vocabularies."""
 
@@ -94,8 +100,7 @@ class SessionPrompts:
         scope = session.id if session.hash_scope != "global" else "*"
         self.ns_blocks = _scoped_key(scope, trace_name)
         self.ns_unique = key64(trace_name, session.id, "unique")
-        ns_marker = _scoped_key(scope, run_marker, instance)
-        self.marker = [space.token(ns_marker, i, 0) for i in range(MARKER_LEN)]
+        self.marker = _marker(space.low, space.high, _scoped_key(scope, run_marker, instance))
         self.prompts: dict[int, list[int]] = {}
         self.spans: dict[int, list[tuple]] = {}    # (rec_start, rec_end, act_start, act_end, kind, turn)
 

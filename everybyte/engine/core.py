@@ -87,7 +87,7 @@ class EngineCore:
         # ignores partial outputs (the simulator) saves building them
         self.final_only = False
         # outputs carry the prompt's token ids (a copy of the prompt per output); a caller that
-        # knows each prompt already (the simulator: 3% of its time) turns it off and gets []
+        # knows each prompt already (the simulator) turns it off and gets []
         self.prompt_in_outputs = True
 
     # ---- requests -------------------------------------------------------------------------

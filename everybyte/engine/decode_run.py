@@ -43,7 +43,7 @@ class DecodeRun:
     lens: list[int]                 # each one's length when the run was planned
     costs: list[float]              # step j's seconds
     times: list[float]              # times[j]: step j starts; times[j + 1]: it ends (its tokens' time)
-    done: int = 0                   # steps applied so far
+    done: int                       # steps applied so far
 
     def __init__(self, seqs: list[Sequence], lens: list[int], costs: list[float], times: list[float],
                  done: int = 0) -> None:                  # compiled (see scheduler.SchedulerOutput)

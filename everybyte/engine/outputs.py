@@ -1,17 +1,17 @@
 """What a request gives back: text, token ids, why it stopped, logprobs and timings."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass
 class RequestMetrics:
     arrival_time: float
-    first_scheduled_time: float | None = None
-    first_token_time: float | None = None
-    finished_time: float | None = None
-    token_times: list[float] = field(default_factory=list)   # wall time each output token appeared
-    num_preemptions: int = 0
+    first_scheduled_time: float | None
+    first_token_time: float | None
+    finished_time: float | None
+    token_times: list[float]                    # wall time each output token appeared
+    num_preemptions: int
 
     def __init__(self, arrival_time: float, first_scheduled_time: float | None = None,
                  first_token_time: float | None = None, finished_time: float | None = None,
@@ -41,10 +41,10 @@ class RequestOutput:
     finish_reason: str | None                   # "stop", "length", "abort" or None while running
     logprobs: list[dict[int, float]] | None     # per output token: {chosen: lp, top-N...: lp}
     metrics: RequestMetrics
-    stop_reason: str | int | None = None        # the stop string or stop token id that matched
-    num_cached_tokens: int = 0                  # prompt tokens reused from any KV tier
-    session_id: str | None = None
-    kv_transfer_params: dict | None = None      # a prefill for a remote decode: where its KV waits
+    stop_reason: str | int | None               # the stop string or stop token id that matched
+    num_cached_tokens: int                      # prompt tokens reused from any KV tier
+    session_id: str | None
+    kv_transfer_params: dict | None             # a prefill for a remote decode: where its KV waits
 
     def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], text: str,
                  token_ids: list[int], finish_reason: str | None, logprobs: list[dict[int, float]] | None,

@@ -12,7 +12,7 @@ and joins the running ones at the first step after its blocks are in.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from everybyte.engine.sequence import Sequence, SequenceStatus
 from everybyte.kv.block_manager import BlockManager
@@ -21,9 +21,9 @@ from everybyte.kv.clock import SYSTEM, Clock
 
 @dataclass
 class SchedulerOutput:
-    seqs: list[Sequence] = field(default_factory=list)
-    num_new_tokens: list[int] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)
+    seqs: list[Sequence]
+    num_new_tokens: list[int]
+    preempted: list[Sequence]
 
     def __init__(self, seqs: list[Sequence] | None = None, num_new_tokens: list[int] | None = None,
                  preempted: list[Sequence] | None = None) -> None:

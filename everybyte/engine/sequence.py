@@ -26,7 +26,7 @@ class Sequence(KVSequence):
                  arrival_time: float | None = None, adopt: bool = False):
         """adopt: the sequence takes token_ids as its own list (its output is appended to it)
         instead of a copy, and the caller changes it no more (the simulator's prompt builder reads
-        only the prompt part back; a copy per request was 2% of the simulator's time)."""
+        only the prompt part back; the copy was about 2% of the simulator's instructions)."""
         self.seq_id = next(Sequence.counter)
         self.request_id = str(self.seq_id) if request_id is None else request_id
         self.status = SequenceStatus.WAITING

@@ -13,22 +13,16 @@ from typing import Any, Hashable, Protocol
 
 
 class PoolGeometry(Protocol):
-    """The G1 pool's shape as the control plane sees it: counts and byte sizes, never bytes."""
-    @property
-    def num_blocks(self) -> int: ...
-
-    @property
-    def block_size(self) -> int: ...
-
-    @property
-    def bytes_per_token(self) -> int: ...
+    """The G1 pool's shape as the control plane sees it: counts and byte sizes, never bytes. The
+    byte sizes are read-only, so a pool that computes them (sim.worker.SimPool) fits too."""
+    num_blocks: int
+    block_size: int
+    bytes_per_token: int
 
     @property
     def bytes_per_block(self) -> int: ...
-
     @property
     def budget_bytes(self) -> int: ...
-
     @property
     def nbytes(self) -> int: ...
 

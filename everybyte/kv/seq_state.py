@@ -2,7 +2,7 @@
 its KV state (SeqKV: block names, how many are committed, a load it waits for)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from everybyte.kv.mover import LoadJob
 
@@ -26,8 +26,10 @@ class KVSequence:
 
     @property
     def first_admission(self) -> bool:
-        """Not scheduled before (so not a preemption's readmission)."""
-        raise NotImplementedError
+        """Not scheduled before (so not a preemption's readmission). A sequence that keeps no
+        scheduling history counts each admission as its first; engine.sequence.Sequence reads its
+        metrics."""
+        return True
 
 
 @dataclass(eq=False)
@@ -42,10 +44,10 @@ class PendingLoad:
 @dataclass(eq=False)
 class SeqKV:
     seq: KVSequence
-    names: list[bytes] = field(default_factory=list)   # names of its full blocks, computed lazily
-    committed: int = 0                                 # leading blocks already named in the prefix cache
-    holds_blocks: bool = False                         # allocated (not only looked up)
-    load: PendingLoad | None = None                    # set while it waits out of compute
+    names: list[bytes]                  # names of its full blocks, computed lazily
+    committed: int                      # leading blocks already named in the prefix cache
+    holds_blocks: bool                  # allocated (not only looked up)
+    load: PendingLoad | None            # set while it waits out of compute
 
     def __init__(self, seq: KVSequence) -> None:       # compiled (see engine.scheduler.SchedulerOutput)
         self.seq, self.names, self.committed, self.holds_blocks, self.load = seq, [], 0, False, None

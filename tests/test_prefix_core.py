@@ -154,22 +154,38 @@ def test_native_matches_reference(seed):
             ref.free(r[1]), nat.free(n[1])
 
 
+@pytest.mark.parametrize("how", ["one_by_one", "tables", "partly_held"])
 @pytest.mark.parametrize("seed", range(5))
-def test_park_order_of_long_sessions(seed):
+def test_park_order_of_long_sessions(seed, how):
     """Sessions of more than 16 blocks (the merge sort, not the insertion sort, orders them): park and
-    unpark return, and evict in, the order of the Python reference."""
+    unpark return, and evict in, the order of the Python reference. Blocks freed one by one in a
+    random order (short runs), whole tables freed tail first and some freed again after a
+    re-acquire (long falling and rising runs), or two in every few still held (never freed: equal
+    keys within and between the runs, so finding runs and merging them must be stable)."""
     rng = random.Random(seed)
     (ref, _), (nat, _) = pair(128, 32)
     chains = {s: chain_block_ids(NS, [s] * 4 + [rng.randrange(1000) for _ in range(4 * 40)]) for s in (1, 2, 3)}
     for c in (ref, nat):
+        order_rng = random.Random(seed)
         tables = {s: c.allocate(len(names)) for s, names in chains.items()}
         for s, names in chains.items():
             for b, name in zip(tables[s], names):
                 c.commit(b, name, f"s{s}")
-        order = [(s, i) for s in chains for i in range(len(chains[s]))]
-        random.Random(seed).shuffle(order)
-        for s, i in order:                    # freed one by one in a random order: the keys differ
-            c.free([tables[s][i]])
+        if how == "one_by_one":
+            order = [(s, i) for s in chains for i in range(len(chains[s]))]
+            order_rng.shuffle(order)
+            for s, i in order:                # freed one by one in a random order: the keys differ
+                c.free([tables[s][i]])
+            continue
+        for s in order_rng.sample(sorted(chains), 3):
+            keep = order_rng.randrange(3, 6) if how == "partly_held" and s != 1 else 0
+            c.free([b for i, b in enumerate(tables[s]) if not keep or i % keep > 1])   # tail first
+            if how == "tables":
+                b = order_rng.randrange(2, len(chains[s]))
+                a = order_rng.randrange(1, b)
+                again = c.acquire(chains[s][:b], f"s{s}")
+                c.free(again[a:])             # freed again, later: a second falling run
+                c.free(again[:a])
     for s in (1, 2, 3):
         assert nat.park(f"s{s}", float(s)) == ref.park(f"s{s}", float(s))
         assert nat.evictable_order() == ref.evictable_order()

@@ -78,7 +78,11 @@ class KVMemoryManager(SessionOps):
         return st
 
     def names_of(self, seq: KVSequence) -> list[bytes]:
-        known = self._state(seq).names
+        return self._names(self._state(seq))
+
+    def _names(self, st: SeqKV) -> list[bytes]:
+        """The names of the sequence's full blocks (its state's list, extended as it grows)."""
+        seq, known = st.seq, st.names
         if not known:
             known += self.names_memo.prefix(seq.session_id, seq.cache_salt, seq.token_ids, self.block_size)
         if (len(seq) // self.block_size) > len(known):
@@ -87,15 +91,15 @@ class KVMemoryManager(SessionOps):
                                      start_block=len(known))
         return known
 
-    def _reusable(self, seq: KVSequence) -> list[bytes]:
+    def _reusable(self, seq: KVSequence, st: SeqKV | None = None) -> list[bytes]:
         # a full-prompt hit keeps its last block to recompute, so the last token yields logits
-        return self.names_of(seq)[:(len(seq) - 1) // self.block_size]
+        return self._names(st or self._state(seq))[:(len(seq) - 1) // self.block_size]
 
     def can_allocate(self, seq: KVSequence) -> bool:
         names = self._reusable(seq)
         hits = self.cache.lookup(names)
         held = self.cache.count_unreferenced(hits)                # evictable now, pinned once reused
-        loading = len(self.mover.in_flight(names[len(hits):]))
+        loading = len(self.mover.in_flight(names[len(hits):])) if self.mover.inflight else 0
         return self.blocks_for(len(seq)) - len(hits) - loading <= self.num_free_blocks - held
 
     def allocate(self, seq: KVSequence) -> None:
@@ -105,35 +109,41 @@ class KVMemoryManager(SessionOps):
             self.sessions.touch(sid)
             self.cache.unpark(sid)
         self.expire_sessions(keep=sid)
-        names = self._reusable(seq)
-        hits = self.cache.acquire(names, sid)
-        adopted = self.mover.in_flight(names[len(hits):])      # blocks a running job is loading
-        shared = [job.blocks[i] for job, i in adopted]
-        self.cache.share(shared)
-        known = len(hits) + len(shared)
-        fresh = self._fresh(self.blocks_for(len(seq)) - known)
-        seq.block_table = hits + shared + fresh
-        # a block loaded by an earlier job counts as reuse from the tier it came from
-        loaded = self._loaded_from
-        levels = [loaded.pop(b, "G1") for b in hits] if loaded else ["G1"] * len(hits)
-        jobs = {job for job, _ in adopted}
-        if n := self.tiers.may_hold(names[known:]):
-            self.cache.share(fresh[:n])
-            jobs.add(self.mover.start(names[known:known + n], fresh[:n], sid))
-        first = seq.first_admission
         st = self._state(seq)
+        names = self._reusable(seq, st)
+        hits = self.cache.acquire(names, sid)
+        n_hits = len(hits)
+        adopted = self.mover.in_flight(names[n_hits:]) if self.mover.inflight else []   # blocks a job is loading
+        shared = [job.blocks[i] for job, i in adopted]
+        if shared:
+            self.cache.share(shared)
+        known = n_hits + len(shared)
+        # a block loaded by an earlier job counts as reuse from the tier it came from (None: all G1)
+        loaded = self._loaded_from
+        levels = [loaded.pop(b, "G1") for b in hits] if loaded else None
+        table = hits                                # the cache's new list: the table is built in it
+        table += shared
+        table += self._fresh(self.blocks_for(len(seq)) - known)
+        seq.block_table = table
+        jobs = {job for job, _ in adopted}
+        if self.tiers and (n := self.tiers.may_hold(names[known:])):
+            fresh = table[known:known + n]
+            self.cache.share(fresh)
+            jobs.add(self.mover.start(names[known:known + n], fresh, sid))
+        first = seq.first_admission
         st.holds_blocks = True
         if jobs:
-            seq.num_computed_tokens, seq.kv_stored_until = len(hits) * self.block_size, 0
-            st.committed = len(hits)
-            st.load = PendingLoad(jobs, len(hits), levels, first)
+            seq.num_computed_tokens, seq.kv_stored_until = n_hits * self.block_size, 0
+            st.committed = n_hits
+            st.load = PendingLoad(jobs, n_hits, ["G1"] * n_hits if levels is None else levels, first)
         else:
-            self._admit(st, len(hits), levels, first)
+            self._admit(st, n_hits, levels, first)
 
-    def _admit(self, st: SeqKV, ready: int, levels: list[str], first: bool) -> None:
-        """The first `ready` blocks of the sequence hold its KV (levels: the tier each came from):
-        compute from the last multiple of restart_blocks at or below it. The blocks in between
-        are recomputed for the exact tail only; their pool bytes stay (kv_stored_until)."""
+    def _admit(self, st: SeqKV, ready: int, levels: list[str] | None, first: bool) -> None:
+        """The first `ready` blocks of the sequence hold its KV (levels: the tier each came from;
+        None: G1 for all): compute from the last multiple of restart_blocks at or below it. The
+        blocks in between are recomputed for the exact tail only; their pool bytes stay
+        (kv_stored_until)."""
         seq = st.seq
         keep = ready - ready % self.restart_blocks
         seq.kv_stored_until = ready * self.block_size
@@ -143,12 +153,12 @@ class KVMemoryManager(SessionOps):
         self.query_tokens += len(seq)
         self.hit_tokens += seq.num_computed_tokens
         st.committed = ready
-        kept = levels[:keep]
         reused: dict[str, int] = {}                # tokens reused per tier, in first-seen order
-        if kept and kept.count("G1") == keep:      # the common case: every hit was in G1
-            reused["G1"] = keep * self.block_size
+        if levels is None:                         # the common case: every hit was in G1
+            if keep:
+                reused["G1"] = keep * self.block_size
         else:
-            for level in kept:
+            for level in levels[:keep]:
                 reused[level] = reused.get(level, 0) + self.block_size
         self.ledger.record_prefill(0, reused)
 
@@ -196,7 +206,7 @@ class KVMemoryManager(SessionOps):
                 continue
             st.load = None
             n, levels = load.ready, load.levels
-            names, table = self._reusable(st.seq), st.seq.block_table
+            names, table = self._reusable(st.seq, st), st.seq.block_table
             while n < len(names) and self.cache.name_of(table[n]) == names[n]:
                 levels.append(self._loaded_from.pop(table[n], "G1"))
                 n += 1
@@ -214,27 +224,28 @@ class KVMemoryManager(SessionOps):
         return self.blocks_for(len(seq)) - len(seq.block_table) <= self.num_free_blocks
 
     def deallocate(self, seq: KVSequence) -> None:
-        self._state(seq).load = None            # its jobs run on; they hold their own references
-        self._commit(seq)
+        st = self._state(seq)
+        st.load = None                          # its jobs run on; they hold their own references
+        self._commit(seq, st)
         sid = seq.session_id
         if sid is not None:
-            self.names_memo.keep(sid, seq.cache_salt, seq.token_ids, self._state(seq).names, self.block_size)
+            self.names_memo.keep(sid, seq.cache_salt, seq.token_ids, st.names, self.block_size)
         if sid is not None and sid in self.sessions:
             n = seq.num_computed_tokens // self.block_size
-            self.sessions.record_context(sid, seq.num_computed_tokens, self.names_of(seq)[:n])
+            self.sessions.record_context(sid, seq.num_computed_tokens, self._names(st)[:n])
         self.cache.free(seq.block_table)
         self.seqs.pop(seq.seq_id, None)
         seq.block_table, seq.num_computed_tokens, seq.kv_stored_until = [], 0, 0
 
-    def _commit(self, seq: KVSequence) -> None:
+    def _commit(self, seq: KVSequence, st: SeqKV | None = None) -> None:
         """Name every full block whose KV is computed; new names are written through to the
         shared tiers so other nodes can reuse them."""
-        st = self._state(seq)
+        st = st or self._state(seq)
         done = st.committed
         full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
         if full <= done:
             return
-        names, table = self.names_of(seq), seq.block_table
+        names, table = self._names(st), seq.block_table
         new = self.cache.commit_run(table, names, done, full, seq.session_id, seq.token_ids)
         if new and self.tiers.write_through:
             ids, new_names = [seq.block_table[i] for i in new], [names[i] for i in new]

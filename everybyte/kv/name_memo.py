@@ -49,6 +49,8 @@ class NameMemo:
 
 def equal_blocks(tokens: list[int], kept: list[int], n: int, block_size: int) -> int:
     """The most leading whole blocks (at most n) in which tokens equals kept, token for token."""
+    if tokens is kept:                    # a turn that took its parent's list over (SessionPrompts)
+        return n
     native: Any = compiled_names()
     if native is not None:
         return int(native.common_prefix(tokens, kept, n * block_size)) // block_size

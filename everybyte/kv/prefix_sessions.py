@@ -96,16 +96,16 @@ class PrefixSessions:
         self.policy.set_classes(blocks, [rank if len(owners[b]) == 1 else self._rank(b) for b in blocks])
         return self._named(blocks)
 
-    def unpark(self, session_id: Hashable) -> list[tuple[int, bytes]]:
-        """The session is back; its blocks return to ordinary order. Returns the device blocks it
-        moved back: none when the session was not parked (then none of its blocks is parked on
-        its account, and every admission of a session's turn calls this)."""
+    def unpark(self, session_id: Hashable) -> int:
+        """The session is back; its blocks return to ordinary order. Returns how many device
+        blocks it moved back: none when the session was not parked (then none of its blocks is
+        parked on its account, and every admission of a session's turn calls this)."""
         if session_id not in self.parked:
-            return []
+            return 0
         del self.parked[session_id]
         blocks = self._session_order(session_id)
         self.policy.unpark_many(blocks)     # it owns them all and is not parked: none is parked-only
-        return self._named(blocks)
+        return len(blocks)
 
     def drop(self, session_id: Hashable, keep: Callable[[bytes], bool] | None = None) -> list[bytes]:
         """Forget the session: blocks only it used, nobody holds and `keep(name)` does not claim

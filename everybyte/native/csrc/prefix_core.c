@@ -354,12 +354,22 @@ static int reclass(Core *c, int32_t b) {
     if (k == 0) { pf_unpark(c, b); return 0; }
     return pf_set_parked(c, b, r);
 }
+/* whether this very object is in a small set (a scan of its inline table, no hashing); a miss
+   says nothing: the caller asks PySet_Contains */
+static int has_identical(PyObject *set, PyObject *key) {
+    PySetObject *so = (PySetObject *)set;
+    if (so->table != so->smalltable) return 0;
+    for (int i = 0; i < PySet_MINSIZE; i++)
+        if (so->smalltable[i].key == key) return 1;
+    return 0;
+}
 static int own(Core *c, int32_t b, PyObject *owner) {
     PyObject *owners = c->owners[b];
     if (!owners) {
         owners = c->owners[b] = PySet_New(NULL);
         if (!owners) return -1;
     } else {
+        if (has_identical(owners, owner)) return 0;
         int k = PySet_Contains(owners, owner);
         if (k < 0) return -1;
         if (k) return 0;
@@ -388,8 +398,10 @@ static int own(Core *c, int32_t b, PyObject *owner) {
 }
 typedef struct { int64_t key; int32_t b; } Keyed;
 /* a stable sort by key with the comparison inline (qsort's callback per comparison was most of
- * park and unpark): insertion when short, else bottom-up merges between a and tmp (n entries
- * each). Returns the one that holds the sorted entries. */
+ * park and unpark): insertion when short, else a natural merge sort between a and tmp (n entries
+ * each): a session's blocks come out of their set in runs of rising or falling free ticks (a
+ * table is freed tail first), so it finds those runs (a strictly falling one reversed, which
+ * keeps it stable) and merges neighbours. Returns the one that holds the sorted entries. */
 static Keyed *keyed_sort(Keyed *a, Keyed *tmp, Py_ssize_t n) {
     if (n <= 16) {
         for (Py_ssize_t i = 1; i < n; i++) {
@@ -400,18 +412,39 @@ static Keyed *keyed_sort(Keyed *a, Keyed *tmp, Py_ssize_t n) {
         }
         return a;
     }
-    for (Py_ssize_t w = 1; w < n; w *= 2) {
-        for (Py_ssize_t lo = 0; lo < n; lo += 2 * w) {
-            Py_ssize_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
+    Py_ssize_t *bounds = malloc((n + 1) * sizeof(Py_ssize_t)), nr = 0;
+    if (bounds) {
+        for (Py_ssize_t i = 0; i < n;) {
+            bounds[nr++] = i;
+            Py_ssize_t j = i + 1;
+            if (j < n && a[j].key < a[i].key) {
+                while (j + 1 < n && a[j + 1].key < a[j].key) j++;
+                for (Py_ssize_t l = i, r = j; l < r; l++, r--) { Keyed t = a[l]; a[l] = a[r]; a[r] = t; }
+                j++;
+            } else {
+                while (j < n && a[j].key >= a[j - 1].key) j++;
+            }
+            i = j;
+        }
+    }                                          /* else no memory for the runs: widths 1, 2, 4... */
+    for (Py_ssize_t w = 1; bounds ? nr > 1 : w < n; w *= 2) {
+        Py_ssize_t m = 0, groups = bounds ? nr : (n + w - 1) / w;
+        for (Py_ssize_t r = 0; r < groups; r += 2) {
+            Py_ssize_t lo = bounds ? bounds[r] : r * w;
+            Py_ssize_t mid = r + 1 < groups ? (bounds ? bounds[r + 1] : (r + 1) * w) : n;
+            Py_ssize_t hi = r + 2 < groups ? (bounds ? bounds[r + 2] : (r + 2) * w) : n;
             Py_ssize_t i = lo, j = mid, k = lo;
             while (i < mid && j < hi) tmp[k++] = a[j].key < a[i].key ? a[j++] : a[i++];
             while (i < mid) tmp[k++] = a[i++];
             while (j < hi) tmp[k++] = a[j++];
+            if (bounds) bounds[m++] = lo;
         }
+        if (bounds) nr = m;
         Keyed *t = a;
         a = tmp;
         tmp = t;
     }
+    free(bounds);
     return a;
 }
 /* the session's blocks in the order they were freed (stable, as sorted(set, key=freed_at)) */
@@ -526,6 +559,10 @@ static Py_ssize_t lookup_into(Core *c, PyObject *names, int32_t **out, Py_ssize_
     int32_t *a = malloc((n ? n : 1) * sizeof(int32_t));
     if (!a) { Py_DECREF(fast); PyErr_NoMemory(); return -1; }
     for (; k < n; k++) {
+        /* a prompt's blocks are mostly consecutive ids (fresh blocks come sorted): when the block
+           after the previous hit holds this very name object, that is its dict entry too */
+        int32_t next = k ? a[k - 1] + 1 : -1;
+        if (next > 0 && next < c->nb && c->names[next] == items[k]) { a[k] = next; continue; }
         PyObject *v = PyDict_GetItemWithError(c->by_name, items[k]);
         if (!v) { if (PyErr_Occurred()) { free(a); Py_DECREF(fast); return -1; } break; }
         a[k] = (int32_t)PyLong_AsLong(v);
@@ -556,6 +593,7 @@ static Py_ssize_t claim(Core *c, PyObject *names, PyObject *owner, int32_t **hit
     for (Py_ssize_t k = 0; k < n; k++) {
         PyObject *owners = c->owners[h[k]];
         int need = !owners;
+        if (owners && has_identical(owners, owner)) continue;
         if (owners) {
             int a = PySet_Contains(owners, owner), s = a ? 0 : PySet_Contains(owners, c->shared);
             if (a < 0 || s < 0) { free(h); free(id); return -1; }
@@ -842,12 +880,12 @@ static PyObject *Core_park(Core *c, PyObject *args, PyObject *kw) {
 }
 static PyObject *Core_unpark(Core *c, PyObject *sid) {
     int k = PyDict_Contains(c->parked, sid);
-    if (k <= 0) return k < 0 ? NULL : PyList_New(0);
+    if (k <= 0) return k < 0 ? NULL : PyLong_FromLong(0);
     if (PyDict_DelItem(c->parked, sid) < 0) return NULL;
     int32_t *blocks;
     Py_ssize_t n = session_order(c, sid, &blocks);
     if (n < 0) return NULL;
-    PyObject *out = pf_unpark_many(c, blocks, NULL, n) < 0 ? NULL : named(c, blocks, n);
+    PyObject *out = pf_unpark_many(c, blocks, NULL, n) < 0 ? NULL : PyLong_FromSsize_t(n);
     free(blocks);
     return out;
 }

@@ -96,8 +96,17 @@ def random_op(rng, chains, held, sessions):
         return "free", free
     if k < 0.52:
         return "refresh", lambda c, h: c.refresh(chain, s)
-    if k < 0.56:
+    if k < 0.54:
         return "lookup", lambda c, h: c.lookup(chain)
+    if k < 0.56:
+        limit = rng.randint(-1, 7)
+
+        def count_hits(c, h):                 # lookup(chain[:limit]) counted, on both classes
+            hits, idle = c.count_hits(chain, limit)
+            found = c.lookup(chain[:max(limit, 0)])
+            assert (hits, idle) == (len(found), c.count_unreferenced(found))
+            return hits, idle
+        return "count_hits", count_hits
     if k < 0.64:
         ret = rng.choice([None, 5.0, 1.0, 9.0, float(rng.randint(0, 20))])
         return "park", lambda c, h: c.park(s, ret)

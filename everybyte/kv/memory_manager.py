@@ -83,24 +83,28 @@ class KVMemoryManager(SessionOps):
     def _names(self, st: SeqKV) -> list[bytes]:
         """The names of the sequence's full blocks (its state's list, extended as it grows)."""
         seq, known = st.seq, st.names
-        if not known:
-            known += self.names_memo.prefix(seq.session_id, seq.cache_salt, seq.token_ids, self.block_size)
+        if not known:                           # the memo's answer is a new list: it becomes ours
+            st.names = known = self.names_memo.prefix(seq.session_id, seq.cache_salt, seq.token_ids,
+                                                      self.block_size)
         if (len(seq) // self.block_size) > len(known):
             ns = self.ns.with_tenant(seq.cache_salt) if seq.cache_salt else self.ns
             known += chain_block_ids(ns, seq.token_ids, self.block_size, parent=known[-1] if known else None,
                                      start_block=len(known))
         return known
 
-    def _reusable(self, seq: KVSequence, st: SeqKV | None = None) -> list[bytes]:
+    def _usable(self, seq: KVSequence) -> int:
         # a full-prompt hit keeps its last block to recompute, so the last token yields logits
-        return self._names(st or self._state(seq))[:(len(seq) - 1) // self.block_size]
+        return (len(seq) - 1) // self.block_size
+
+    def _reusable(self, seq: KVSequence, st: SeqKV | None = None) -> list[bytes]:
+        """The names of the blocks a hit may cover."""
+        return self._names(st or self._state(seq))[:self._usable(seq)]
 
     def can_allocate(self, seq: KVSequence) -> bool:
-        names = self._reusable(seq)
-        hits = self.cache.lookup(names)
-        held = self.cache.count_unreferenced(hits)                # evictable now, pinned once reused
-        loading = len(self.mover.in_flight(names[len(hits):])) if self.mover.inflight else 0
-        return self.blocks_for(len(seq)) - len(hits) - loading <= self.num_free_blocks - held
+        names, usable = self.names_of(seq), self._usable(seq)
+        hits, held = self.cache.count_hits(names, usable)       # held: evictable now, pinned once reused
+        loading = len(self.mover.in_flight(names[hits:usable])) if self.mover.inflight else 0
+        return self.blocks_for(len(seq)) - hits - loading <= self.num_free_blocks - held
 
     def allocate(self, seq: KVSequence) -> None:
         assert not seq.block_table, "sequence already holds blocks"
@@ -126,7 +130,7 @@ class KVMemoryManager(SessionOps):
         table += self._fresh(self.blocks_for(len(seq)) - known)
         seq.block_table = table
         jobs = {job for job, _ in adopted}
-        if self.tiers and (n := self.tiers.may_hold(names[known:])):
+        if self.tiers.tiers and (n := self.tiers.may_hold(names[known:])):     # (TierSet's len is Python)
             fresh = table[known:known + n]
             self.cache.share(fresh)
             jobs.add(self.mover.start(names[known:known + n], fresh, sid))
@@ -232,7 +236,8 @@ class KVMemoryManager(SessionOps):
             self.names_memo.keep(sid, seq.cache_salt, seq.token_ids, st.names, self.block_size)
         if sid is not None and sid in self.sessions:
             n = seq.num_computed_tokens // self.block_size
-            self.sessions.record_context(sid, seq.num_computed_tokens, self._names(st)[:n])
+            names = self._names(st)             # unchanged from now on: the session may keep it
+            self.sessions.record_context(sid, seq.num_computed_tokens, names if n == len(names) else names[:n])
         self.cache.free(seq.block_table)
         self.seqs.pop(seq.seq_id, None)
         seq.block_table, seq.num_computed_tokens, seq.kv_stored_until = [], 0, 0

@@ -7,7 +7,7 @@ right; the memo saves hashing, nothing else."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Hashable
+from typing import Any, Hashable, TypeVar
 
 from everybyte.kv.block_id import compiled_names
 
@@ -47,7 +47,10 @@ class NameMemo:
         return names[:n]
 
 
-def equal_blocks(tokens: list[int], kept: list[int], n: int, block_size: int) -> int:
+T = TypeVar("T")
+
+
+def equal_blocks(tokens: list[T], kept: list[T], n: int, block_size: int) -> int:
     """The most leading whole blocks (at most n) in which tokens equals kept, token for token."""
     if tokens is kept:                    # a turn that took its parent's list over (SessionPrompts)
         return n

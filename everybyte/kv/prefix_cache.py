@@ -110,13 +110,20 @@ class PrefixCache(PrefixSessions):
             ref[b] += 1
         return hits
 
-    def refresh(self, names: Sequence[bytes], owner: Hashable = ANON) -> list[int]:
+    def refresh(self, names: Sequence[bytes], owner: Hashable = ANON) -> int:
         """acquire() and at once free() the hits: the same counts, owners and eviction order
-        (each unreferenced hit goes back as just freed, the tail first), no references taken."""
+        (each unreferenced hit goes back as just freed, the tail first), no references taken.
+        Returns how many hits."""
         hits, idle = self._claim(names, owner)
         idle.reverse()
         self._evictable(idle)
-        return hits
+        return len(hits)
+
+    def count_hits(self, names: Sequence[bytes], limit: int) -> tuple[int, int]:
+        """lookup(names[:limit]) counted, changing nothing: how many hits, and how many of those
+        no sequence references (evictable now, pinned once reused)."""
+        hits = self.lookup(names[:max(limit, 0)])
+        return len(hits), self.count_unreferenced(hits)
 
     def _claim(self, names: Sequence[bytes], owner: Hashable) -> tuple[list[int], list[int]]:
         """The hits of acquire() and those of them unreferenced until now (out of the policy), with

@@ -54,12 +54,6 @@ class PrefixSessions:
         else:
             self.policy.unpark(block_id)
 
-    def _named(self, blocks: list[int]) -> list[tuple[int, bytes]]:
-        """(id, name) of blocks that must have names (a session's blocks)."""
-        names = list(map(self.names.__getitem__, blocks))
-        assert None not in names, "a session block has no name"
-        return list(zip(blocks, names))  # type: ignore[arg-type]
-
     def _rank(self, block_id: int) -> float | None:
         """Its parked rank (the earliest expected return of its owners) when every owner is a
         parked session, else None (ordinary class)."""
@@ -83,10 +77,11 @@ class PrefixSessions:
         """The session's blocks in the order they were freed (keeps tails ahead of prefixes)."""
         return sorted(self.session_blocks.get(session_id, ()), key=self._freed_at.__getitem__)
 
-    def park(self, session_id: Hashable, expected_return: float | None = None) -> list[tuple[int, bytes]]:
+    def park(self, session_id: Hashable, expected_return: float | None = None) -> list[int]:
         """The session is idle (a tool call) until about `expected_return` (a clock time; None =
         unknown). Its private cached blocks become the first eviction candidates. Returns the
-        session's named device blocks (id, name), e.g. to write them down to G2 right away."""
+        session's device blocks (all named) in the order they were freed, e.g. to write them
+        down to G2 right away."""
         if session_id is ANON or session_id is SHARED:
             raise ValueError(f"cannot park session id {session_id!r}")
         self.parked[session_id] = expected_return
@@ -94,7 +89,7 @@ class PrefixSessions:
         rank, owners = park_rank(expected_return), self.owners
         # a block with one owner has this session as it (its blocks are the ones it owns)
         self.policy.set_classes(blocks, [rank if len(owners[b]) == 1 else self._rank(b) for b in blocks])
-        return self._named(blocks)
+        return blocks
 
     def unpark(self, session_id: Hashable) -> int:
         """The session is back; its blocks return to ordinary order. Returns how many device

@@ -54,7 +54,7 @@ class SessionOps(BlockManager[KVSequence]):
         self.ledger.count("parked", len(blocks))
         if not (self.offload_on_park and self.tiers.first is not None):
             return 0
-        evictable = [b for b, _ in blocks if self.cache.ref_count(b) == 0]
+        evictable = [b for b in blocks if self.cache.ref_count(b) == 0]
         n = len(self.cache.evict_blocks(evictable))
         self._flush()
         return n
@@ -66,7 +66,7 @@ class SessionOps(BlockManager[KVSequence]):
         s = self.sessions.touch(session_id)
         self.cache.unpark(session_id)
         self.expire_sessions(keep=session_id)
-        if not self.tiers:                    # nothing to load (no tier): the hits need no pin
+        if not self.tiers.tiers:              # nothing to load (no tier): the hits need no pin
             self.cache.refresh(s.names, session_id)
             self._flush()
             return 0

@@ -13,6 +13,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable
 
+from everybyte.kv.name_memo import equal_blocks
+
 MAX_GAP_S = 7 * 24 * 3600.0        # an expected tool-call gap longer than a week is a client bug
 
 
@@ -75,15 +77,21 @@ class SessionTable:
         return s
 
     def record_context(self, session_id: str, num_tokens: int, names: list[bytes]) -> None:
+        """The session's context is now these names' blocks. The list becomes the session's, not
+        a copy: the caller passes one it no longer changes."""
         s = self.sessions.get(session_id)
-        if s is not None:
-            old, refs = s.names, self.refs
-            grew = names[:len(old)] == old        # the context grew: only the new names gain a holder
-            for n in (names[len(old):] if grew else names):
-                refs[n] = refs.get(n, 0) + 1
-            if not grew:
-                self._release(old)
-            s.num_tokens, s.names = num_tokens, list(names)
+        if s is None:
+            return
+        old, refs = s.names, self.refs
+        kept = len(old)
+        # the context grew: only the new names gain a holder (compared in C, by identity first)
+        grew = kept <= len(names) and equal_blocks(names, old, kept, 1) == kept
+        for i in range(kept if grew else 0, len(names)):
+            n = names[i]
+            refs[n] = refs.get(n, 0) + 1
+        if not grew:
+            self._release(old)
+        s.num_tokens, s.names = num_tokens, names
 
     def pop(self, session_id: str) -> Session:
         s = self.get(session_id)

@@ -84,7 +84,11 @@ class SimMover:
         return out
 
     def next_deadline(self) -> float | None:
-        return min((j.deadline for j in self.jobs), default=None)
+        best: float | None = None                # a loop, not min() over a generator: asked every step
+        for j in self.jobs:
+            if best is None or j.deadline < best:
+                best = j.deadline
+        return best
 
     def finished(self) -> list[LoadJob]:
         now = self.clock.monotonic()

@@ -38,6 +38,7 @@ from everybyte.traces.tokens import SessionPrompts, TokenSpace
 
 ARRIVE, CALL, STEP = 0, 1, 2      # at equal times: arrivals, then calls, then steps
 LOOP_GC_THRESHOLDS = (200_000, 100, 1000)
+INF = float("inf")
 
 
 @contextmanager
@@ -267,7 +268,7 @@ class Runner:
             w.core.advance_decode(planned[1], planned[1].steps)      # its end is now
         if w.clock.now < self.now:
             w.clock.advance(self.now - w.clock.now)
-        w.mover.horizon = self.events[0][0] if self.events else float("inf")
+        w.mover.horizon = self.events[0][0] if self.events else INF
         before = w.clock.now
         for out in w.core.step():
             if out.finished:
@@ -283,7 +284,7 @@ class Runner:
 
     def _plan(self, w: SimWorker) -> DecodeRun | None:
         plan, deadline = getattr(w.core, "plan_decode", None), w.mover.next_deadline()
-        run = plan(float("inf") if deadline is None else deadline) if plan is not None else None
+        run = plan(INF if deadline is None else deadline) if plan is not None else None
         if run is not None:
             self.runs[w.index] = (w, run)
         return run

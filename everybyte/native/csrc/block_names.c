@@ -118,14 +118,29 @@ static void final(blake2b *s, uint8_t out[OUT_BYTES]) {
         out[i] = (uint8_t)(s->h[i / 8] >> (8 * (i % 8)));
 }
 
-static PyObject *chain(PyObject *self, PyObject *args) {
-    Py_buffer prefix, parent, person;
-    PyObject *tokens;
+/* an argument as a Py_ssize_t, as the "n" format reads it; -1 with an exception on failure */
+static Py_ssize_t arg_ssize(PyObject *o) { return PyNumber_AsSsize_t(o, PyExc_OverflowError); }
+
+/* METH_FASTCALL: the arguments are read here, not parsed from a format (that was a fifth of a call) */
+static PyObject *chain(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Py_buffer prefix = {0}, parent = {0}, person = {0};      /* .obj NULL: releasing is a no-op */
+    PyObject *tokens, *out = NULL, *seq = NULL;
     Py_ssize_t start, end, bs;
-    if (!PyArg_ParseTuple(args, "y*y*Onnny*", &prefix, &parent, &tokens, &start, &end, &bs, &person))
-        return NULL;
-    PyObject *out = NULL, *seq = NULL;
     uint8_t *packed = NULL;
+    if (nargs != 7) {
+        PyErr_Format(PyExc_TypeError, "chain() takes 7 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    tokens = args[2];
+    if (PyObject_GetBuffer(args[0], &prefix, PyBUF_SIMPLE) < 0 || PyObject_GetBuffer(args[1], &parent, PyBUF_SIMPLE) < 0
+        || PyObject_GetBuffer(args[6], &person, PyBUF_SIMPLE) < 0)
+        goto done;
+    if ((start = arg_ssize(args[3])) == -1 && PyErr_Occurred())
+        goto done;
+    if ((end = arg_ssize(args[4])) == -1 && PyErr_Occurred())
+        goto done;
+    if ((bs = arg_ssize(args[5])) == -1 && PyErr_Occurred())
+        goto done;
     if (parent.len != OUT_BYTES || person.len > 16 || bs < 1 || start < 0 || end < start || (end - start) % bs) {
         PyErr_SetString(PyExc_ValueError, "chain: bad parent, person or range");
         goto done;
@@ -230,7 +245,7 @@ static PyObject *common_prefix(PyObject *self, PyObject *args) {
 
 static PyMethodDef METHODS[] = {
     {"common_prefix", common_prefix, METH_VARARGS, "common_prefix(a, b, limit) -> leading equal items"},
-    {"chain", chain, METH_VARARGS, "chain(prefix, parent, tokens, start, end, block_size, person) -> names"},
+    {"chain", (PyCFunction)(void (*)(void))chain, METH_FASTCALL, "chain(prefix, parent, tokens, start, end, block_size, person) -> names"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "block_names", NULL, -1, METHODS};

@@ -332,6 +332,10 @@ static int block_rank(Core *c, int32_t b, double *rank) {
     PyObject *owners = c->owners[b];
     Py_ssize_t n = owners ? PySet_GET_SIZE(owners) : 0;
     if (n == 0) return 0;
+    if (n > 1) {                         /* SHARED is never parked: such a block is ordinary */
+        int k = PySet_Contains(owners, c->shared);
+        if (k) return k < 0 ? -1 : 0;
+    }
     Py_ssize_t pos = 0;
     PyObject *o;
     Py_hash_t h;
@@ -466,18 +470,6 @@ static Py_ssize_t session_order(Core *c, PyObject *sid, int32_t **out) {
     free(ks);
     *out = a;
     return k;
-}
-static PyObject *named(Core *c, const int32_t *blocks, Py_ssize_t n) {
-    PyObject *l = PyList_New(n);
-    if (!l) return NULL;
-    for (Py_ssize_t k = 0; k < n; k++) {
-        PyObject *name = c->names[blocks[k]];
-        if (!name) { Py_DECREF(l); PyErr_SetString(PyExc_AssertionError, "a session block has no name"); return NULL; }
-        PyObject *t = block_pair(c, blocks[k], name);
-        if (!t) { Py_DECREF(l); return NULL; }
-        PyList_SET_ITEM(l, k, t);
-    }
-    return l;
 }
 
 /* ---- forgetting and evicting ------------------------------------------------------------------ */
@@ -615,13 +607,35 @@ static PyObject *claim_call(Core *c, PyObject *args, PyObject *kw, int refresh) 
     PyObject *l;
     if (refresh) {
         for (Py_ssize_t k = 0; k < ni / 2; k++) { int32_t t = id[k]; id[k] = id[ni - 1 - k]; id[ni - 1 - k] = t; }
-        l = evictable(c, id, ni) < 0 ? NULL : int_list(c, h, n);
+        l = evictable(c, id, ni) < 0 ? NULL : PyLong_FromSsize_t(n);
     } else {
         for (Py_ssize_t k = 0; k < n; k++) c->ref[h[k]]++;
         l = int_list(c, h, n);
     }
     free(h); free(id);
     return l;
+}
+static PyObject *Core_count_hits(Core *c, PyObject *args) {
+    PyObject *names;
+    Py_ssize_t limit;
+    if (!PyArg_ParseTuple(args, "On", &names, &limit)) return NULL;
+    PyObject *fast = PySequence_Fast(names, "names must be a sequence");
+    if (!fast) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast), hits = 0, idle = 0;
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    if (limit < n) n = limit < 0 ? 0 : limit;
+    for (int32_t prev = -1; hits < n; hits++) {      /* lookup_into's walk, counted */
+        int32_t b = prev + 1;
+        if (!(prev >= 0 && b < c->nb && c->names[b] == items[hits])) {
+            PyObject *v = PyDict_GetItemWithError(c->by_name, items[hits]);
+            if (!v) { if (PyErr_Occurred()) { Py_DECREF(fast); return NULL; } break; }
+            b = (int32_t)PyLong_AsLong(v);
+        }
+        idle += c->ref[b] == 0;
+        prev = b;
+    }
+    Py_DECREF(fast);
+    return Py_BuildValue("(nn)", hits, idle);
 }
 static PyObject *Core_acquire(Core *c, PyObject *args, PyObject *kw) { return claim_call(c, args, kw, 0); }
 static PyObject *Core_refresh(Core *c, PyObject *args, PyObject *kw) { return claim_call(c, args, kw, 1); }
@@ -743,12 +757,8 @@ static PyObject *Core_commit(Core *c, PyObject *args, PyObject *kw) {
 }
 /* commit_run(): commit(table[i], names[i], owner, names[i-1], token_ids' block i) for i in
    [start, end); returns the i whose block kept its name (commit returned table[i]) */
-static PyObject *Core_commit_run(Core *c, PyObject *args, PyObject *kw) {
-    static char *kwl[] = {"block_ids", "names", "start", "end", "owner", "token_ids", NULL};
-    PyObject *table, *names, *owner = Py_None, *tokens = Py_None;
-    Py_ssize_t start, end;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOnn|OO", kwl, &table, &names, &start, &end, &owner, &tokens))
-        return NULL;
+static PyObject *commit_run(Core *c, PyObject *table, PyObject *names, Py_ssize_t start, Py_ssize_t end,
+                            PyObject *owner, PyObject *tokens) {
     PyObject *ft = PySequence_Fast(table, "block_ids must be a sequence");
     PyObject *fn = ft ? PySequence_Fast(names, "names must be a sequence") : NULL;
     PyObject *out = fn ? PyList_New(0) : NULL;
@@ -782,6 +792,35 @@ static PyObject *Core_commit_run(Core *c, PyObject *args, PyObject *kw) {
 fail:
     Py_DECREF(ft); Py_DECREF(fn); Py_DECREF(out);
     return NULL;
+}
+static PyObject *Core_commit_run_kw(Core *c, PyObject *args, PyObject *kw) {
+    static char *kwl[] = {"block_ids", "names", "start", "end", "owner", "token_ids", NULL};
+    PyObject *table, *names, *owner = Py_None, *tokens = Py_None;
+    Py_ssize_t start, end;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOnn|OO", kwl, &table, &names, &start, &end, &owner, &tokens))
+        return NULL;
+    return commit_run(c, table, names, start, end, owner, tokens);
+}
+/* METH_FASTCALL | METH_KEYWORDS: positional calls (every caller's) are read here, not parsed from a
+   format (a tenth of a call); a call with keywords goes through the tuple-and-dict version */
+static PyObject *Core_commit_run(Core *c, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    if ((kwnames && PyTuple_GET_SIZE(kwnames)) || nargs < 4 || nargs > 6) {
+        Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+        PyObject *t = PyTuple_New(nargs), *kw = nkw ? PyDict_New() : NULL, *r = NULL;
+        if (t && (kw || !nkw)) {
+            for (Py_ssize_t i = 0; i < nargs; i++) { Py_INCREF(args[i]); PyTuple_SET_ITEM(t, i, args[i]); }
+            int ok = 1;
+            for (Py_ssize_t i = 0; i < nkw && ok; i++)
+                ok = PyDict_SetItem(kw, PyTuple_GET_ITEM(kwnames, i), args[nargs + i]) == 0;
+            if (ok) r = Core_commit_run_kw(c, t, kw);
+        }
+        Py_XDECREF(t); Py_XDECREF(kw);
+        return r;
+    }
+    Py_ssize_t start = PyNumber_AsSsize_t(args[2], PyExc_OverflowError), end;
+    if (start == -1 && PyErr_Occurred()) return NULL;
+    if ((end = PyNumber_AsSsize_t(args[3], PyExc_OverflowError)) == -1 && PyErr_Occurred()) return NULL;
+    return commit_run(c, args[0], args[1], start, end, nargs > 4 ? args[4] : Py_None, nargs > 5 ? args[5] : Py_None);
 }
 static PyObject *Core_free(Core *c, PyObject *ids) {
     int32_t *a;
@@ -874,7 +913,7 @@ static PyObject *Core_park(Core *c, PyObject *args, PyObject *kw) {
         if (got < 0) { free(blocks); free(ranks); return NULL; }
         ranks[k] = got ? r : NAN;
     }
-    PyObject *out = pf_set_classes(c, blocks, ranks, n) < 0 ? NULL : named(c, blocks, n);
+    PyObject *out = pf_set_classes(c, blocks, ranks, n) < 0 ? NULL : int_list(c, blocks, n);
     free(blocks); free(ranks);
     return out;
 }
@@ -1074,12 +1113,13 @@ static PyMethodDef Core_methods[] = {
     {"lookup", (PyCFunction)Core_lookup, METH_O, NULL},
     {"acquire", (PyCFunction)(void (*)(void))Core_acquire, METH_VARARGS | METH_KEYWORDS, NULL},
     {"refresh", (PyCFunction)(void (*)(void))Core_refresh, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"count_hits", (PyCFunction)Core_count_hits, METH_VARARGS, NULL},
     {"share", (PyCFunction)Core_share, METH_O, NULL},
     {"allocate", (PyCFunction)Core_allocate, METH_VARARGS, NULL},
     {"evict", (PyCFunction)Core_evict, METH_VARARGS, NULL},
     {"evict_blocks", (PyCFunction)Core_evict_blocks, METH_O, NULL},
     {"commit", (PyCFunction)(void (*)(void))Core_commit, METH_VARARGS | METH_KEYWORDS, NULL},
-    {"commit_run", (PyCFunction)(void (*)(void))Core_commit_run, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"commit_run", (PyCFunction)(void (*)(void))Core_commit_run, METH_FASTCALL | METH_KEYWORDS, NULL},
     {"free", (PyCFunction)Core_free, METH_O, NULL},
     {"touch", (PyCFunction)Core_touch, METH_O, NULL},
     {"clear", (PyCFunction)Core_clear, METH_NOARGS, NULL},

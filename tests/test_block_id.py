@@ -92,8 +92,10 @@ def test_hex_round_trip():
         name_from_hex("abcd")
 
 
-def testcompiled_names_equal_hashlib():
-    """The compiled chain against the hashlib reference: odd block sizes, salts, parents, extreme tokens."""
+@pytest.mark.parametrize("name_hash", ["blake2b", "mix128"])
+def testcompiled_names_equal_hashlib(name_hash):
+    """The compiled chain against the hashlib reference (kv/block_mix's for mix128): odd block
+    sizes, salts, parents, extreme tokens."""
     import random
 
     from everybyte.kv import block_id as B
@@ -102,7 +104,8 @@ def testcompiled_names_equal_hashlib():
     r = random.Random(7)
     for trial in range(300):
         bs = r.choice([1, 2, 3, 7, 16, 17, 32, 64])
-        ns = KVNamespace(f"m{trial}", block_size=bs, tenant_salt=r.choice([None, "", "t", "x" * 200]))
+        ns = KVNamespace(f"m{trial}", block_size=bs, tenant_salt=r.choice([None, "", "t", "x" * 200]),
+                         name_hash=name_hash)
         toks = [r.choice([0, 1, -1, 2**31 - 1, -2**31, r.randrange(-2**31, 2**31), r.randrange(50000)])
                 for _ in range(r.randrange(0, 40 * bs))]
         start = r.randrange(0, 4)

@@ -6,6 +6,8 @@ fills one 128-byte BLAKE2b block, one compression instead of two). The namespace
 that changes a block's bytes, so the same name means the same bytes in every process, tier and
 node; no seeds, no Python `hash`.
 Partial blocks are never named: their bytes change as tokens arrive.
+A namespace with name_hash="mix128" names its blocks with kv/block_mix instead: faster, not
+collision-resistant, for the simulator only.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import struct
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol, Sequence
 
+from everybyte.kv.block_mix import mix_name
 from everybyte.native import loader
 
 NAME_BYTES = 16
@@ -25,6 +28,7 @@ _DOMAIN = b"everybyte-kv-block-v2"           # v2: int32 tokens (v1 packed int64
 
 
 _PERSON = b"everybyte.kv"
+NAME_HASHES = ("blake2b", "mix128")         # mix128: simulated fleets only (kv/block_mix)
 
 
 def _h(*parts: bytes) -> bytes:
@@ -49,7 +53,8 @@ class KVNamespace:
 
     `kv_fingerprint` covers the pool's layer shapes and per-layer K/V scales (see `for_pool`);
     `layer_shard` names which layers this rank holds ("all", "pp0/4", "0-14"); `tenant_salt`
-    keeps tenants from ever sharing a block.
+    keeps tenants from ever sharing a block; `name_hash` is "blake2b" (the engine's) or "mix128"
+    (the simulator's: see kv/block_mix).
     """
     model_id: str
     revision: str = ""
@@ -58,12 +63,17 @@ class KVNamespace:
     layer_shard: str = "all"
     tenant_salt: str | bytes | None = None
     kv_fingerprint: str = ""
+    name_hash: str = "blake2b"
     digest: bytes = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.name_hash not in NAME_HASHES:
+            raise ValueError(f"name_hash must be one of {', '.join(NAME_HASHES)}, got {self.name_hash!r}")
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+        if self.name_hash == "blake2b":
+            del d["name_hash"]                # the digests of namespaces from before the field
         salt = self.tenant_salt
         d["tenant_salt"] = None if salt is None else (salt.encode() if isinstance(salt, str) else bytes(salt)).hex()
         canon = json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
@@ -71,7 +81,7 @@ class KVNamespace:
 
     def with_tenant(self, tenant_salt: str | bytes | None) -> "KVNamespace":
         return KVNamespace(self.model_id, self.revision, self.kv_format, self.block_size,
-                           self.layer_shard, tenant_salt, self.kv_fingerprint)
+                           self.layer_shard, tenant_salt, self.kv_fingerprint, self.name_hash)
 
     @classmethod
     def for_pool(cls, pool: PoolLike, model_id: str, revision: str = "", layer_shard: str = "all",
@@ -114,6 +124,8 @@ def block_id(namespace: KVNamespace, parent: bytes | None, token_ids: Sequence[i
     parent = ROOT_PARENT if parent is None else parent
     if len(parent) != NAME_BYTES:
         raise ValueError(f"parent name must be {NAME_BYTES} bytes, got {len(parent)}")
+    if namespace.name_hash == "mix128":
+        return mix_name(namespace.digest, parent, pack_tokens(token_ids))
     return _h(_DOMAIN, namespace.digest, parent, pack_tokens(token_ids))
 
 
@@ -135,8 +147,12 @@ def chain_block_ids(namespace: KVNamespace, token_ids: Sequence[int], block_size
     compiled = compiled_names()
     if compiled is not None:
         try:
-            names: list[bytes] = compiled.chain(_DOMAIN + namespace.digest, name, token_ids, start_block * bs,
-                                                end * bs, bs, _PERSON)
+            names: list[bytes]
+            if namespace.name_hash == "mix128":
+                names = compiled.chain_mix(namespace.digest, name, token_ids, start_block * bs, end * bs, bs)
+            else:
+                names = compiled.chain(_DOMAIN + namespace.digest, name, token_ids, start_block * bs, end * bs,
+                                       bs, _PERSON)
             return names
         except (OverflowError, TypeError):
             pass                            # not an int32 token: struct.pack below says which
@@ -145,11 +161,17 @@ def chain_block_ids(namespace: KVNamespace, token_ids: Sequence[int], block_size
 
 def _chain_hashlib(namespace: KVNamespace, token_ids: Sequence[int], bs: int, name: bytes, start_block: int,
                    end: int) -> list[bytes]:
-    """chain_block_ids with hashlib: the reference the compiled names are tested against."""
+    """chain_block_ids with hashlib (or kv/block_mix): the reference the compiled names are tested
+    against."""
     names: list[bytes] = []
-    base = _block_hasher(namespace)
     packed = memoryview(pack_tokens(token_ids[start_block * bs:end * bs]))   # one pack; a block is 4 * bs bytes
     step = 4 * bs
+    if namespace.name_hash == "mix128":
+        for off in range(0, len(packed), step):
+            name = mix_name(namespace.digest, name, bytes(packed[off:off + step]))
+            names.append(name)
+        return names
+    base = _block_hasher(namespace)
     for off in range(0, len(packed), step):
         h = base.copy()                     # block_id's bytes, without re-hashing the fixed prefix
         h.update(name)

@@ -87,7 +87,9 @@ class SimWorker:
         tiers = SyncTierSet(local + list(shared_tiers))
         self.mover = SimMover(tiers, self.clock, pool.bytes_per_block, Lanes(transfer_seconds, write_seconds, pod_lanes))
         tiers.on_write = self.mover.wrote
-        ns = KVNamespace(spec.model_id, kv_format=spec.kv_format, block_size=pool.block_size)
+        # mix128 names: a tenth of BLAKE2b's work and collision-free on token streams; nothing
+        # in a simulation is adversarial, and every simulated worker names blocks alike
+        ns = KVNamespace(spec.model_id, kv_format=spec.kv_format, block_size=pool.block_size, name_hash="mix128")
         self.memory = KVMemoryManager(pool, ns, tiers, offload_on_park=spec.offload_on_park, clock=self.clock,
                                       restart_blocks=spec.restart_blocks,
                                       mover=self.mover, name_memo_sessions=spec.name_memo_sessions)

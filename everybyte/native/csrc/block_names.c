@@ -6,6 +6,9 @@
  * names the blocks of tokens[start:end] (end - start a multiple of block_size); OverflowError
  * when a token does not fit an int32 (the caller then lets struct.pack say so).
  *
+ * chain_mix(digest, parent, tokens, start, end, block_size) -> list[bytes]
+ * the same chain with mix128 (kv/block_mix) instead of BLAKE2b: for the simulator.
+ *
  * common_prefix(a, b, limit) -> int
  * how many leading items of the lists a and b are equal, at most limit (kv/name_memo's check that
  * a new prompt starts with the context whose names it kept): no slices, and shared int objects
@@ -121,20 +124,67 @@ static void final(blake2b *s, uint8_t out[OUT_BYTES]) {
 /* an argument as a Py_ssize_t, as the "n" format reads it; -1 with an exception on failure */
 static Py_ssize_t arg_ssize(PyObject *o) { return PyNumber_AsSsize_t(o, PyExc_OverflowError); }
 
-/* METH_FASTCALL: the arguments are read here, not parsed from a format (that was a fifth of a call) */
-static PyObject *chain(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+/* ---- mix128: a fast name that is not collision-resistant against crafted input -------------------- */
+static inline uint64_t fmix64(uint64_t x) {          /* MurmurHash3's 64-bit finalizer */
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    return x ^ (x >> 33);
+}
+static inline uint64_t rotl(uint64_t x, int n) { return (x << n) | (x >> (64 - n)); }
+#define MIX_A 0x9e3779b97f4a7c15ULL
+#define MIX_B 0xd6e8feb86659fd93ULL
+
+/* two lanes over the 64-bit little-endian words of parent || tokens (an odd int32 count ends with a
+ * zero-extended 32-bit word), each a bijective mix of (lane ^ word) / (lane + word), folded with the
+ * byte length; kv/block_mix.py is the reference */
+static void mix_block(const uint8_t digest[16], const uint8_t *parent, const uint8_t *tok, size_t nbytes,
+                      uint8_t out[OUT_BYTES]) {
+    uint64_t a = load64(digest) ^ MIX_A, b = load64(digest + 8) ^ MIX_B, w;
+    for (int i = 0; i < 2; i++) {
+        w = load64(parent + 8 * i);
+        a = fmix64(a ^ w);
+        b = fmix64(b + w);
+    }
+    size_t i = 0;
+    for (; i + 8 <= nbytes; i += 8) {
+        w = load64(tok + i);
+        a = fmix64(a ^ w);
+        b = fmix64(b + w);
+    }
+    if (i < nbytes) {                                  /* nbytes is a multiple of 4 */
+        w = (uint64_t)tok[i] | (uint64_t)tok[i + 1] << 8 | (uint64_t)tok[i + 2] << 16 | (uint64_t)tok[i + 3] << 24;
+        a = fmix64(a ^ w);
+        b = fmix64(b + w);
+    }
+    uint64_t lo = fmix64(a ^ rotl(b, 29) ^ (uint64_t)nbytes), hi = fmix64(b ^ rotl(a, 17) ^ ((uint64_t)nbytes * MIX_A));
+    for (int k = 0; k < 8; k++) {
+        out[k] = (uint8_t)(lo >> (8 * k));
+        out[8 + k] = (uint8_t)(hi >> (8 * k));
+    }
+}
+
+/* METH_FASTCALL: the arguments are read here, not parsed from a format (that was a fifth of a call).
+ * mix: chain_mix(digest, parent, tokens, start, end, block_size), else chain(..., person). */
+static PyObject *chain_any(PyObject *const *args, Py_ssize_t nargs, int mix) {
     Py_buffer prefix = {0}, parent = {0}, person = {0};      /* .obj NULL: releasing is a no-op */
     PyObject *tokens, *out = NULL, *seq = NULL;
     Py_ssize_t start, end, bs;
     uint8_t *packed = NULL;
-    if (nargs != 7) {
-        PyErr_Format(PyExc_TypeError, "chain() takes 7 arguments (%zd given)", nargs);
+    if (nargs != (mix ? 6 : 7)) {
+        PyErr_Format(PyExc_TypeError, "%s() takes %d arguments (%zd given)", mix ? "chain_mix" : "chain", mix ? 6 : 7,
+                     nargs);
         return NULL;
     }
     tokens = args[2];
     if (PyObject_GetBuffer(args[0], &prefix, PyBUF_SIMPLE) < 0 || PyObject_GetBuffer(args[1], &parent, PyBUF_SIMPLE) < 0
-        || PyObject_GetBuffer(args[6], &person, PyBUF_SIMPLE) < 0)
+        || (!mix && PyObject_GetBuffer(args[6], &person, PyBUF_SIMPLE) < 0))
         goto done;
+    if (mix && prefix.len != 16) {
+        PyErr_SetString(PyExc_ValueError, "chain_mix: the digest must be 16 bytes");
+        goto done;
+    }
     if ((start = arg_ssize(args[3])) == -1 && PyErr_Occurred())
         goto done;
     if ((end = arg_ssize(args[4])) == -1 && PyErr_Occurred())
@@ -171,19 +221,26 @@ static PyObject *chain(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
             packed[(i - start) * 4 + b] = (uint8_t)(u >> (8 * b));
     }
     uint8_t pers[16] = {0}, name[OUT_BYTES];
-    memcpy(pers, person.buf, (size_t)person.len);
+    if (!mix)
+        memcpy(pers, person.buf, (size_t)person.len);
     memcpy(name, parent.buf, OUT_BYTES);
     Py_ssize_t n = (end - start) / bs;
     out = PyList_New(n);
     if (!out)
         goto done;
     for (Py_ssize_t k = 0; k < n; k++) {
-        blake2b s;
-        init(&s, pers);
-        update(&s, prefix.buf, (size_t)prefix.len);
-        update(&s, name, OUT_BYTES);
-        update(&s, packed + (size_t)k * bs * 4, (size_t)bs * 4);
-        final(&s, name);
+        if (mix) {
+            uint8_t next[OUT_BYTES];
+            mix_block(prefix.buf, name, packed + (size_t)k * bs * 4, (size_t)bs * 4, next);
+            memcpy(name, next, OUT_BYTES);
+        } else {
+            blake2b s;
+            init(&s, pers);
+            update(&s, prefix.buf, (size_t)prefix.len);
+            update(&s, name, OUT_BYTES);
+            update(&s, packed + (size_t)k * bs * 4, (size_t)bs * 4);
+            final(&s, name);
+        }
         PyObject *b = PyBytes_FromStringAndSize((const char *)name, OUT_BYTES);
         if (!b) {
             Py_CLEAR(out);
@@ -199,6 +256,9 @@ done:
     PyBuffer_Release(&person);
     return out;
 }
+
+static PyObject *chain(PyObject *self, PyObject *const *args, Py_ssize_t nargs) { return chain_any(args, nargs, 0); }
+static PyObject *chain_mix(PyObject *self, PyObject *const *args, Py_ssize_t nargs) { return chain_any(args, nargs, 1); }
 
 static PyObject *common_prefix(PyObject *self, PyObject *args) {
     PyObject *a, *b;
@@ -245,6 +305,8 @@ static PyObject *common_prefix(PyObject *self, PyObject *args) {
 
 static PyMethodDef METHODS[] = {
     {"common_prefix", common_prefix, METH_VARARGS, "common_prefix(a, b, limit) -> leading equal items"},
+    {"chain_mix", (PyCFunction)(void (*)(void))chain_mix, METH_FASTCALL,
+     "chain_mix(digest, parent, tokens, start, end, block_size) -> mix128 names (kv/block_mix)"},
     {"chain", (PyCFunction)(void (*)(void))chain, METH_FASTCALL, "chain(prefix, parent, tokens, start, end, block_size, person) -> names"},
     {NULL, NULL, 0, NULL}};
 

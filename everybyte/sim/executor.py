@@ -16,7 +16,10 @@ TOKEN_LOW, TOKEN_SPAN = 1000, 29000
 def placeholder_token(position: int) -> int:
     """The token sampled at `position` (the sequence's length): the same for every request, so equal
     prompts stay equal with their outputs and keep sharing prefix blocks."""
-    return placeholder_tokens(position, 1)[0]
+    table = _BY_POSITION
+    if position >= len(table):
+        placeholder_tokens(position, 1)      # grows the table
+    return table[position]
 
 
 _TOKENS = tuple(range(TOKEN_LOW, TOKEN_LOW + TOKEN_SPAN))     # one int object per value, shared

@@ -731,11 +731,10 @@ static PyObject *commit_one(Core *c, Py_ssize_t b, PyObject *name, PyObject *own
         if (own(c, (int32_t)b, owner) < 0) return NULL;
         return PyLong_FromSsize_t(b);
     }
-    PyObject *other = PyDict_GetItemWithError(c->by_name, name);
-    if (other) { c->st_dup++; Py_INCREF(other); return other; }
-    if (PyErr_Occurred()) return NULL;
     PyObject *key = PyLong_FromSsize_t(b);
-    if (!key || PyDict_SetItem(c->by_name, name, key) < 0) { Py_XDECREF(key); return NULL; }
+    PyObject *other = key ? PyDict_SetDefault(c->by_name, name, key) : NULL;   /* one probe: find or insert */
+    if (!other) { Py_XDECREF(key); return NULL; }
+    if (other != key) { c->st_dup++; Py_INCREF(other); Py_DECREF(key); return other; }
     Py_INCREF(name);
     c->names[b] = name;
     c->st_commits++;

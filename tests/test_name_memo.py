@@ -28,7 +28,7 @@ def _turn(mm, tokens, sid, salt=None):
     seq.num_computed_tokens = len(seq)
     names = list(mm.names_of(seq))
     mm.deallocate(seq)
-    ns = NS.with_tenant(salt) if salt else NS
+    ns = mm.ns.with_tenant(salt) if salt else mm.ns         # the simulated worker's (mix128) names
     assert names == chain_block_ids(ns, tokens, BS)         # never a wrong name
     return names
 

@@ -583,15 +583,7 @@ static Py_ssize_t claim(Core *c, PyObject *names, PyObject *owner, int32_t **hit
     for (Py_ssize_t k = 0; k < n; k++) if (c->ref[h[k]] == 0) id[ni++] = h[k];
     for (Py_ssize_t k = 0; k < ni; k++) pf_remove(c, id[k]);
     for (Py_ssize_t k = 0; k < n; k++) {
-        PyObject *owners = c->owners[h[k]];
-        int need = !owners;
-        if (owners && has_identical(owners, owner)) continue;
-        if (owners) {
-            int a = PySet_Contains(owners, owner), s = a ? 0 : PySet_Contains(owners, c->shared);
-            if (a < 0 || s < 0) { free(h); free(id); return -1; }
-            need = !a && !s;
-        }
-        if (need && own(c, h[k], owner) < 0) { free(h); free(id); return -1; }
+        if (own(c, h[k], owner) < 0) { free(h); free(id); return -1; }   /* at once when it owns it already */
     }
     *idle = id; *nidle = ni;
     return n;

@@ -74,8 +74,10 @@ class PrefixSessions:
             self.policy.set_parked(block_id, rank)
 
     def _session_order(self, session_id: Hashable) -> list[int]:
-        """The session's blocks in the order they were freed (keeps tails ahead of prefixes)."""
-        return sorted(self.session_blocks.get(session_id, ()), key=self._freed_at.__getitem__)
+        """The session's blocks in the order they were freed (keeps tails ahead of prefixes); blocks
+        with the same free tick (never freed) by id, so no set order decides."""
+        freed_at = self._freed_at
+        return sorted(self.session_blocks.get(session_id, ()), key=lambda b: (freed_at[b], b))
 
     def park(self, session_id: Hashable, expected_return: float | None = None) -> list[int]:
         """The session is idle (a tool call) until about `expected_return` (a clock time; None =

@@ -4,9 +4,13 @@
  * drives both with the same random operations and compares every result).
  *
  * State per block id lives in C arrays (reference count, name, LRU links, parked rank and tick,
- * free tick); names, owners and sessions stay Python objects (bytes, sets, dicts) so set
- * iteration orders, and hence every tie, are the reference's. The LRU is an intrusive list, the
- * parked side a heap of runs keyed by (-rank, first tick) as in kv/parked_runs.
+ * free tick, owners); names stay Python bytes. A session (an owner other than None and SHARED)
+ * gets a slot in a table: its blocks as a list of (block, generation) entries, an entry going
+ * stale when the block is forgotten (its generation moves on), and whether it is parked with
+ * which rank. Owners of a block are slot numbers in a small array. Nothing depends on the order
+ * of owners or of a session's entries: a session's blocks are ordered by (free tick, block id),
+ * as the reference orders them. The LRU is an intrusive list, the parked side a heap of runs
+ * keyed by (-rank, first tick) as in kv/parked_runs.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -23,16 +27,36 @@ typedef struct {
     Py_ssize_t n, i;        /* i: first element not consumed */
 } Run;
 
+#define OWN_ANON (-1)        /* the owner None: requests without a session */
+#define OWN_SHARED (-2)      /* SHARED: too many owners to track */
+#define OWN_INLINE 2         /* owners held in the block's own slots (most blocks have one) */
+
+typedef struct {
+    PyObject *sid;          /* the session (owned); NULL: a free slot */
+    int32_t *blocks;        /* entries: a block and its generation when the session took it */
+    uint32_t *gens;
+    Py_ssize_t n, cap, live; /* live: entries not stale (the session's blocks) */
+    int parked, pinned;     /* pinned: a drop in progress holds it */
+    double rank;            /* park_rank of its expected return, while parked */
+} Sess;
+
 typedef struct {
     PyObject_HEAD
     Py_ssize_t nb;
     int32_t *ref;
     PyObject **names;       /* NULL or bytes (owned) */
-    PyObject **owners;      /* NULL or set (owned) */
+    int32_t *own_n;         /* how many owners block b has; -1: no entry (the reference's owners.get(b) is None) */
+    int32_t *own_cap;       /* OWN_INLINE: they are in own_in[b], else in own_v[b] */
+    int32_t (*own_in)[2];
+    int32_t **own_v;        /* its owners: OWN_ANON, OWN_SHARED or a session slot */
+    uint32_t *gen;          /* moves on when block b is forgotten */
+    Sess *sess;             /* session slots */
+    Py_ssize_t sess_cap, sess_top, n_free_slots;
+    int32_t *free_slots;
+    PyObject *sess_index;   /* dict session -> its slot (int) */
     PyObject **ids;         /* NULL or block b's int object (owned), made on first use */
     PyObject **pairs;       /* NULL or the last (block, name) tuple made for block b (owned) */
     PyObject *by_name;      /* dict name -> int */
-    PyObject *session_blocks; /* dict owner -> set of int */
     PyObject *parked;       /* dict session -> expected return (float or None) */
     int32_t *empty;         /* ring buffer */
     Py_ssize_t e_head, e_len;
@@ -326,92 +350,144 @@ static int hook(Core *c, const char *name, PyObject *args) {       /* steals arg
     return 0;
 }
 
-/* ---- sessions (kv/prefix_sessions) ------------------------------------------------------------ */
-/* rank of a block: 1 with *rank set when every owner is a parked session, 0 when not, -1 error */
-static int block_rank(Core *c, int32_t b, double *rank) {
-    PyObject *owners = c->owners[b];
-    Py_ssize_t n = owners ? PySet_GET_SIZE(owners) : 0;
-    if (n == 0) return 0;
-    if (n > 1) {                         /* SHARED is never parked: such a block is ordinary */
-        int k = PySet_Contains(owners, c->shared);
-        if (k) return k < 0 ? -1 : 0;
+/* ---- session slots ------------------------------------------------------------------------- */
+/* the slot of a session; OWN_ANON for None, OWN_SHARED for SHARED; a new slot when create and it
+   has none (else OWN_NONE); OWN_ERR with an error set */
+#define OWN_NONE (-3)
+#define OWN_ERR (-4)
+static int32_t owner_slot(Core *c, PyObject *owner, int create) {
+    if (owner == Py_None) return OWN_ANON;
+    if (owner == c->shared) return OWN_SHARED;
+    PyObject *v = PyDict_GetItemWithError(c->sess_index, owner);
+    if (v) return (int32_t)PyLong_AsLong(v);
+    if (PyErr_Occurred()) return OWN_ERR;
+    if (!create) return OWN_NONE;
+    int32_t i;
+    if (c->n_free_slots) i = c->free_slots[--c->n_free_slots];
+    else {
+        if (c->sess_top == c->sess_cap) {
+            Py_ssize_t cap = c->sess_cap ? 2 * c->sess_cap : 64;
+            Sess *t = realloc(c->sess, cap * sizeof(Sess));
+            int32_t *f = t ? realloc(c->free_slots, cap * sizeof(int32_t)) : NULL;
+            if (t) c->sess = t;
+            if (!f) { PyErr_NoMemory(); return OWN_ERR; }
+            c->free_slots = f; c->sess_cap = cap;
+        }
+        i = (int32_t)c->sess_top++;
     }
-    Py_ssize_t pos = 0;
-    PyObject *o;
-    Py_hash_t h;
+    PyObject *key = PyLong_FromLong(i);
+    if (!key || PyDict_SetItem(c->sess_index, owner, key) < 0) {
+        Py_XDECREF(key);
+        c->free_slots[c->n_free_slots++] = i;
+        return OWN_ERR;
+    }
+    Py_DECREF(key);
+    Py_INCREF(owner);
+    c->sess[i] = (Sess){owner, NULL, NULL, 0, 0, 0, 0, 0, 0.0};
+    return i;
+}
+/* unindex: take the session out of sess_index too (its key hashed before: deleting it does not
+   fail, and any error already set is kept) */
+static void slot_free(Core *c, int32_t i, int unindex) {
+    Sess *s = &c->sess[i];
+    PyObject *sid = s->sid;
+    free(s->blocks); free(s->gens);
+    *s = (Sess){NULL, NULL, NULL, 0, 0, 0, 0, 0, 0.0};
+    c->free_slots[c->n_free_slots++] = i;
+    if (unindex) {
+        PyObject *t, *v, *tb;
+        PyErr_Fetch(&t, &v, &tb);
+        if (PyDict_DelItem(c->sess_index, sid) < 0) PyErr_Clear();
+        PyErr_Restore(t, v, tb);
+    }
+    Py_DECREF(sid);
+}
+/* a slot with no blocks that is not parked goes (the reference has no entry for such a session) */
+static void slot_release(Core *c, int32_t i) {
+    if (i >= 0 && c->sess[i].live == 0 && !c->sess[i].parked && !c->sess[i].pinned) slot_free(c, i, 1);
+}
+static int slot_add(Core *c, int32_t i, int32_t b) {
+    Sess *s = &c->sess[i];
+    if (s->n == s->cap) {
+        if (s->n > 2 * s->live + 16) {             /* mostly stale: keep the live entries, in order */
+            Py_ssize_t w = 0;
+            for (Py_ssize_t k = 0; k < s->n; k++)
+                if (s->gens[k] == c->gen[s->blocks[k]]) { s->blocks[w] = s->blocks[k]; s->gens[w] = s->gens[k]; w++; }
+            s->n = w;
+        } else {
+            Py_ssize_t cap = s->cap ? 2 * s->cap : 16;
+            int32_t *bl = realloc(s->blocks, cap * sizeof(int32_t));
+            if (bl) s->blocks = bl;
+            uint32_t *g = bl ? realloc(s->gens, cap * sizeof(uint32_t)) : NULL;
+            if (!g) { PyErr_NoMemory(); return -1; }
+            s->gens = g; s->cap = cap;
+        }
+    }
+    s->blocks[s->n] = b; s->gens[s->n] = c->gen[b]; s->n++;
+    s->live++;
+    return 0;
+}
+static PyObject *slot_obj(Core *c, int32_t o) {      /* borrowed */
+    return o == OWN_ANON ? Py_None : o == OWN_SHARED ? c->shared : c->sess[o].sid;
+}
+
+/* ---- sessions (kv/prefix_sessions) ------------------------------------------------------------ */
+/* rank of a block: 1 with *rank set when every owner is a parked session, 0 when not */
+static int32_t *owners_of(Core *c, int32_t b) { return c->own_cap[b] > OWN_INLINE ? c->own_v[b] : c->own_in[b]; }
+static int block_rank(Core *c, int32_t b, double *rank) {
+    int32_t n = c->own_n[b], *v = owners_of(c, b);
+    if (n <= 0) return 0;
     double best = INFINITY;
-    int err = 0;
-    while (_PySet_NextEntry(owners, &pos, &o, &h)) {
-        PyObject *v = PyDict_GetItemWithError(c->parked, o);
-        if (!v) return PyErr_Occurred() ? -1 : 0;
-        double r = park_rank(v, &err);
-        if (err) return -1;
-        if (r < best) best = r;
+    for (int32_t k = 0; k < n; k++) {
+        if (v[k] < 0 || !c->sess[v[k]].parked) return 0;     /* None and SHARED are never parked */
+        if (c->sess[v[k]].rank < best) best = c->sess[v[k]].rank;
     }
     *rank = best;
     return 1;
 }
 static int reclass(Core *c, int32_t b) {
     double r;
-    int k = block_rank(c, b, &r);
-    if (k < 0) return -1;
-    if (k == 0) { pf_unpark(c, b); return 0; }
+    if (!block_rank(c, b, &r)) { pf_unpark(c, b); return 0; }
     return pf_set_parked(c, b, r);
 }
-/* whether this very object is in a small set (a scan of its inline table, no hashing); a miss
-   says nothing: the caller asks PySet_Contains */
-static int has_identical(PyObject *set, PyObject *key) {
-    PySetObject *so = (PySetObject *)set;
-    if (so->table != so->smalltable) return 0;
-    for (int i = 0; i < PySet_MINSIZE; i++)
-        if (so->smalltable[i].key == key) return 1;
-    return 0;
-}
-static int own(Core *c, int32_t b, PyObject *owner) {
-    PyObject *owners = c->owners[b];
-    if (!owners) {
-        owners = c->owners[b] = PySet_New(NULL);
-        if (!owners) return -1;
-    } else {
-        if (has_identical(owners, owner)) return 0;
-        int k = PySet_Contains(owners, owner);
-        if (k < 0) return -1;
-        if (k) return 0;
-        k = PySet_Contains(owners, c->shared);
-        if (k) return k < 0 ? -1 : 0;
+/* the reference's _own with the owner's slot o (owner_slot): o among the users of block b */
+static int own(Core *c, int32_t b, int32_t o) {
+    int32_t n = c->own_n[b], *v = owners_of(c, b);
+    if (n < 0) n = c->own_n[b] = 0;
+    for (int32_t k = 0; k < n; k++) if (v[k] == o || v[k] == OWN_SHARED) return 0;
+    if (n >= c->max_owners) o = OWN_SHARED;
+    if (n == c->own_cap[b]) {                 /* more than fit: to (a bigger) own_v[b] */
+        int32_t cap = 2 * n;
+        if (cap > c->max_owners + 1) cap = c->max_owners + 1;
+        if (cap < n + 1) cap = n + 1;
+        int32_t *t = realloc(n > OWN_INLINE ? v : NULL, cap * sizeof(int32_t));
+        if (!t) { PyErr_NoMemory(); return -1; }
+        if (n <= OWN_INLINE) memcpy(t, v, n * sizeof(int32_t));
+        c->own_v[b] = v = t; c->own_cap[b] = cap;
     }
-    if (PySet_GET_SIZE(owners) >= c->max_owners) owner = c->shared;
-    if (PySet_Add(owners, owner) < 0) return -1;
-    if (owner != Py_None && owner != c->shared) {
-        PyObject *blocks = PyDict_GetItemWithError(c->session_blocks, owner);
-        if (!blocks) {
-            if (PyErr_Occurred()) return -1;
-            blocks = PySet_New(NULL);
-            if (!blocks || PyDict_SetItem(c->session_blocks, owner, blocks) < 0) { Py_XDECREF(blocks); return -1; }
-            Py_DECREF(blocks);
-        }
-        PyObject *key = block_obj(c, b);
-        if (!key || PySet_Add(blocks, key) < 0) { Py_XDECREF(key); return -1; }
-        Py_DECREF(key);
+    if (o == OWN_SHARED && n) { v[n] = v[0]; v[0] = o; }   /* first: a widely shared block's scan stops at once */
+    else v[n] = o;
+    c->own_n[b] = n + 1;
+    if (o >= 0) {
+        if (slot_add(c, o, b) < 0) return -1;
+        if (c->sess[o].parked) return reclass(c, b);
     }
-    int k = PyDict_Contains(c->parked, owner);
-    if (k < 0) return -1;
-    if (k) return reclass(c, b);
     pf_unpark(c, b);
     return 0;
 }
 typedef struct { int64_t key; int32_t b; } Keyed;
-/* a stable sort by key with the comparison inline (qsort's callback per comparison was most of
+#define KEYED_LESS(x, y) ((x).key < (y).key || ((x).key == (y).key && (x).b < (y).b))
+/* a sort by (key, block) with the comparison inline (qsort's callback per comparison was most of
  * park and unpark): insertion when short, else a natural merge sort between a and tmp (n entries
- * each): a session's blocks come out of their set in runs of rising or falling free ticks (a
- * table is freed tail first), so it finds those runs (a strictly falling one reversed, which
- * keeps it stable) and merges neighbours. Returns the one that holds the sorted entries. */
+ * each): a session's blocks come in runs of rising or falling free ticks (a table is freed tail
+ * first), so it finds those runs (a falling one reversed) and merges neighbours. Returns the one
+ * that holds the sorted entries. */
 static Keyed *keyed_sort(Keyed *a, Keyed *tmp, Py_ssize_t n) {
     if (n <= 16) {
         for (Py_ssize_t i = 1; i < n; i++) {
             Keyed x = a[i];
             Py_ssize_t j = i;
-            for (; j > 0 && a[j - 1].key > x.key; j--) a[j] = a[j - 1];
+            for (; j > 0 && KEYED_LESS(x, a[j - 1]); j--) a[j] = a[j - 1];
             a[j] = x;
         }
         return a;
@@ -421,12 +497,12 @@ static Keyed *keyed_sort(Keyed *a, Keyed *tmp, Py_ssize_t n) {
         for (Py_ssize_t i = 0; i < n;) {
             bounds[nr++] = i;
             Py_ssize_t j = i + 1;
-            if (j < n && a[j].key < a[i].key) {
-                while (j + 1 < n && a[j + 1].key < a[j].key) j++;
+            if (j < n && KEYED_LESS(a[j], a[i])) {
+                while (j + 1 < n && KEYED_LESS(a[j + 1], a[j])) j++;
                 for (Py_ssize_t l = i, r = j; l < r; l++, r--) { Keyed t = a[l]; a[l] = a[r]; a[r] = t; }
                 j++;
             } else {
-                while (j < n && a[j].key >= a[j - 1].key) j++;
+                while (j < n && !KEYED_LESS(a[j], a[j - 1])) j++;
             }
             i = j;
         }
@@ -438,7 +514,7 @@ static Keyed *keyed_sort(Keyed *a, Keyed *tmp, Py_ssize_t n) {
             Py_ssize_t mid = r + 1 < groups ? (bounds ? bounds[r + 1] : (r + 1) * w) : n;
             Py_ssize_t hi = r + 2 < groups ? (bounds ? bounds[r + 2] : (r + 2) * w) : n;
             Py_ssize_t i = lo, j = mid, k = lo;
-            while (i < mid && j < hi) tmp[k++] = a[j].key < a[i].key ? a[j++] : a[i++];
+            while (i < mid && j < hi) tmp[k++] = KEYED_LESS(a[j], a[i]) ? a[j++] : a[i++];
             while (i < mid) tmp[k++] = a[i++];
             while (j < hi) tmp[k++] = a[j++];
             if (bounds) bounds[m++] = lo;
@@ -451,22 +527,19 @@ static Keyed *keyed_sort(Keyed *a, Keyed *tmp, Py_ssize_t n) {
     free(bounds);
     return a;
 }
-/* the session's blocks in the order they were freed (stable, as sorted(set, key=freed_at)) */
-static Py_ssize_t session_order(Core *c, PyObject *sid, int32_t **out) {
-    PyObject *blocks = PyDict_GetItemWithError(c->session_blocks, sid);
-    if (!blocks && PyErr_Occurred()) return -1;
-    Py_ssize_t n = blocks ? PySet_GET_SIZE(blocks) : 0, pos = 0, k = 0;
+/* the blocks of session slot i (none when i < 0) ordered by (free tick, block id) */
+static Py_ssize_t session_order(Core *c, int32_t i, int32_t **out) {
+    Sess *s = i >= 0 ? &c->sess[i] : NULL;
+    Py_ssize_t n = s ? s->live : 0, k = 0;
     Keyed *ks = malloc((n ? 2 * n : 1) * sizeof(Keyed));
     int32_t *a = malloc((n ? n : 1) * sizeof(int32_t));
     if (!ks || !a) { free(ks); free(a); PyErr_NoMemory(); return -1; }
-    PyObject *o;
-    Py_hash_t h;
-    while (blocks && _PySet_NextEntry(blocks, &pos, &o, &h)) {
-        long b = PyLong_AsLong(o);
-        ks[k].b = (int32_t)b; ks[k].key = c->freed_at[b]; k++;
+    for (Py_ssize_t e = 0; s && e < s->n; e++) {
+        int32_t b = s->blocks[e];
+        if (s->gens[e] == c->gen[b] && k < n) { ks[k].b = b; ks[k].key = c->freed_at[b]; k++; }
     }
     Keyed *sorted = keyed_sort(ks, ks + n, k);
-    for (Py_ssize_t i = 0; i < k; i++) a[i] = sorted[i].b;
+    for (Py_ssize_t j = 0; j < k; j++) a[j] = sorted[j].b;
     free(ks);
     *out = a;
     return k;
@@ -487,22 +560,12 @@ static PyObject *forget(Core *c, int32_t b) {
             }
         }
     }
-    PyObject *owners = c->owners[b];
-    c->owners[b] = NULL;
-    if (owners) {
-        Py_ssize_t pos = 0;
-        PyObject *s, *key = block_obj(c, b);
-        Py_hash_t h;
-        if (!key) { Py_DECREF(owners); Py_XDECREF(name); return NULL; }
-        while (_PySet_NextEntry(owners, &pos, &s, &h)) {
-            PyObject *blocks = PyDict_GetItemWithError(c->session_blocks, s);
-            if (!blocks) { if (PyErr_Occurred()) break; continue; }
-            if (PySet_Discard(blocks, key) < 0) break;
-            if (PySet_GET_SIZE(blocks) == 0 && PyDict_DelItem(c->session_blocks, s) < 0) break;
-        }
-        Py_DECREF(key);
-        Py_DECREF(owners);
-        if (PyErr_Occurred()) { Py_XDECREF(name); return NULL; }
+    int32_t n = c->own_n[b];
+    c->own_n[b] = -1;
+    c->gen[b]++;                        /* every session's entry for it is stale now */
+    for (int32_t k = 0; k < n; k++) {
+        int32_t o = owners_of(c, b)[k];
+        if (o >= 0) { c->sess[o].live--; slot_release(c, o); }
     }
     pf_unpark(c, b);
     if (!name) Py_RETURN_NONE;
@@ -578,13 +641,15 @@ static Py_ssize_t claim(Core *c, PyObject *names, PyObject *owner, int32_t **hit
     if (n < 0) return -1;
     c->st_lookups++; c->st_lookup_blocks += total; c->st_hit_blocks += n;
     int32_t *h = *hits, *id = malloc((n ? n : 1) * sizeof(int32_t));
-    if (!id) { free(h); PyErr_NoMemory(); return -1; }
+    int32_t o = id && n ? owner_slot(c, owner, 1) : OWN_ANON;
+    if (!id || o == OWN_ERR) { free(h); free(id); if (!id) PyErr_NoMemory(); return -1; }
     Py_ssize_t ni = 0;
     for (Py_ssize_t k = 0; k < n; k++) if (c->ref[h[k]] == 0) id[ni++] = h[k];
     for (Py_ssize_t k = 0; k < ni; k++) pf_remove(c, id[k]);
-    for (Py_ssize_t k = 0; k < n; k++) {
-        if (own(c, h[k], owner) < 0) { free(h); free(id); return -1; }   /* at once when it owns it already */
-    }
+    int rc = 0;
+    for (Py_ssize_t k = 0; k < n && rc == 0; k++) rc = own(c, h[k], o);    /* at once when it owns it already */
+    slot_release(c, o);
+    if (rc < 0) { free(h); free(id); return -1; }
     *idle = id; *nidle = ni;
     return n;
 }
@@ -708,7 +773,7 @@ static PyObject *Core_evict_blocks(Core *c, PyObject *ids) {
     return l;
 }
 /* commit(): a new reference to the block now holding `name` */
-static PyObject *commit_one(Core *c, Py_ssize_t b, PyObject *name, PyObject *owner, PyObject *parent, PyObject *tokens) {
+static PyObject *commit_one(Core *c, Py_ssize_t b, PyObject *name, int32_t owner, PyObject *parent, PyObject *tokens) {
     if (check_block(c, b) < 0) return NULL;
     if (c->ref[b] < 1) return PyErr_Format(PyExc_ValueError, "block %zd is not in use", b);
     PyObject *cur = c->names[b];
@@ -721,9 +786,9 @@ static PyObject *commit_one(Core *c, Py_ssize_t b, PyObject *name, PyObject *own
             return NULL;
         }
         if (own(c, (int32_t)b, owner) < 0) return NULL;
-        return PyLong_FromSsize_t(b);
+        return block_obj(c, (int32_t)b);
     }
-    PyObject *key = PyLong_FromSsize_t(b);
+    PyObject *key = block_obj(c, (int32_t)b);
     PyObject *other = key ? PyDict_SetDefault(c->by_name, name, key) : NULL;   /* one probe: find or insert */
     if (!other) { Py_XDECREF(key); return NULL; }
     if (other != key) { c->st_dup++; Py_INCREF(other); Py_DECREF(key); return other; }
@@ -744,7 +809,11 @@ static PyObject *Core_commit(Core *c, PyObject *args, PyObject *kw) {
     Py_ssize_t b;
     PyObject *name, *owner = Py_None, *parent = Py_None, *tokens = NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "nO|OOO", kwl, &b, &name, &owner, &parent, &tokens)) return NULL;
-    return commit_one(c, b, name, owner, parent, tokens);
+    int32_t o = owner_slot(c, owner, 1);
+    if (o == OWN_ERR) return NULL;
+    PyObject *r = commit_one(c, b, name, o, parent, tokens);
+    slot_release(c, o);
+    return r;
 }
 /* commit_run(): commit(table[i], names[i], owner, names[i-1], token_ids' block i) for i in
    [start, end); returns the i whose block kept its name (commit returned table[i]) */
@@ -754,10 +823,12 @@ static PyObject *commit_run(Core *c, PyObject *table, PyObject *names, Py_ssize_
     PyObject *fn = ft ? PySequence_Fast(names, "names must be a sequence") : NULL;
     PyObject *out = fn ? PyList_New(0) : NULL;
     if (!out) { Py_XDECREF(ft); Py_XDECREF(fn); return NULL; }
+    int32_t o = OWN_ANON;
     if (start < 0 || end > PySequence_Fast_GET_SIZE(ft) || end > PySequence_Fast_GET_SIZE(fn)) {
         PyErr_SetString(PyExc_IndexError, "commit_run range outside block_ids or names");
         goto fail;
     }
+    if (start < end && (o = owner_slot(c, owner, 1)) == OWN_ERR) goto fail;
     for (Py_ssize_t i = start; i < end; i++) {
         PyObject *bo = PySequence_Fast_GET_ITEM(ft, i), *tok = NULL;
         Py_ssize_t b = PyLong_AsSsize_t(bo);
@@ -767,7 +838,7 @@ static PyObject *commit_run(Core *c, PyObject *table, PyObject *names, Py_ssize_
             if (!tok) goto fail;
         }
         PyObject *parent = i ? PySequence_Fast_GET_ITEM(fn, i - 1) : Py_None;
-        PyObject *r = commit_one(c, b, PySequence_Fast_GET_ITEM(fn, i), owner, parent, tok);
+        PyObject *r = commit_one(c, b, PySequence_Fast_GET_ITEM(fn, i), o, parent, tok);
         Py_XDECREF(tok);
         if (!r) goto fail;
         Py_ssize_t got = PyLong_AsSsize_t(r);
@@ -778,9 +849,11 @@ static PyObject *commit_run(Core *c, PyObject *table, PyObject *names, Py_ssize_
             Py_DECREF(io);
         }
     }
+    slot_release(c, o);
     Py_DECREF(ft); Py_DECREF(fn);
     return out;
 fail:
+    if (o != OWN_ERR) slot_release(c, o);
     Py_DECREF(ft); Py_DECREF(fn); Py_DECREF(out);
     return NULL;
 }
@@ -888,21 +961,21 @@ static PyObject *Core_park(Core *c, PyObject *args, PyObject *kw) {
         return NULL;
     }
     if (PyDict_SetItem(c->parked, sid, ret) < 0) return NULL;
-    int32_t *blocks;
-    Py_ssize_t n = session_order(c, sid, &blocks);
-    if (n < 0) return NULL;
     int err = 0;
     double rank = park_rank(ret, &err);
+    int32_t o = err ? OWN_ERR : owner_slot(c, sid, 1);
+    if (o == OWN_ERR) return NULL;
+    c->sess[o].parked = 1;
+    c->sess[o].rank = rank;
+    int32_t *blocks;
+    Py_ssize_t n = session_order(c, o, &blocks);
+    if (n < 0) return NULL;
     double *ranks = malloc((n ? n : 1) * sizeof(double));
-    if (err || !ranks) { free(blocks); free(ranks); return err ? NULL : PyErr_NoMemory(); }
+    if (!ranks) { free(blocks); return PyErr_NoMemory(); }
     for (Py_ssize_t k = 0; k < n; k++) {
-        PyObject *owners = c->owners[blocks[k]];
-        if (!owners) { PyErr_SetObject(PyExc_KeyError, PyLong_FromLong(blocks[k])); free(blocks); free(ranks); return NULL; }
-        if (PySet_GET_SIZE(owners) == 1) { ranks[k] = rank; continue; }
         double r;
-        int got = block_rank(c, blocks[k], &r);
-        if (got < 0) { free(blocks); free(ranks); return NULL; }
-        ranks[k] = got ? r : NAN;
+        /* a block with one owner has this session as it (its blocks are the ones it owns) */
+        ranks[k] = c->own_n[blocks[k]] == 1 ? rank : block_rank(c, blocks[k], &r) ? r : NAN;
     }
     PyObject *out = pf_set_classes(c, blocks, ranks, n) < 0 ? NULL : int_list(c, blocks, n);
     free(blocks); free(ranks);
@@ -912,11 +985,14 @@ static PyObject *Core_unpark(Core *c, PyObject *sid) {
     int k = PyDict_Contains(c->parked, sid);
     if (k <= 0) return k < 0 ? NULL : PyLong_FromLong(0);
     if (PyDict_DelItem(c->parked, sid) < 0) return NULL;
-    int32_t *blocks;
-    Py_ssize_t n = session_order(c, sid, &blocks);
+    int32_t o = owner_slot(c, sid, 0), *blocks;
+    if (o == OWN_ERR) return NULL;
+    if (o >= 0) c->sess[o].parked = 0;
+    Py_ssize_t n = session_order(c, o, &blocks);
     if (n < 0) return NULL;
     PyObject *out = pf_unpark_many(c, blocks, NULL, n) < 0 ? NULL : PyLong_FromSsize_t(n);
     free(blocks);
+    slot_release(c, o);
     return out;
 }
 static int cmp_i32(const void *x, const void *y) { int32_t a = *(const int32_t *)x, b = *(const int32_t *)y; return (a > b) - (a < b); }
@@ -927,30 +1003,29 @@ static PyObject *Core_drop(Core *c, PyObject *args, PyObject *kw) {
     PyObject *gone = PyDict_GetItemWithError(c->parked, sid);
     if (gone && PyDict_DelItem(c->parked, sid) < 0) return NULL;
     if (PyErr_Occurred()) return NULL;
-    PyObject *blocks = PyDict_GetItemWithError(c->session_blocks, sid);
-    if (!blocks && PyErr_Occurred()) return NULL;
+    int32_t o = owner_slot(c, sid, 0);
+    if (o == OWN_ERR) return NULL;
     Py_ssize_t n = 0;
     int32_t *a = NULL;
-    if (blocks) {
-        Py_INCREF(blocks);
-        if (PyDict_DelItem(c->session_blocks, sid) < 0) { Py_DECREF(blocks); return NULL; }
-        n = PySet_GET_SIZE(blocks);
-        a = malloc((n ? n : 1) * sizeof(int32_t));
-        Py_ssize_t pos = 0, k = 0;
-        PyObject *o;
-        Py_hash_t h;
-        while (a && _PySet_NextEntry(blocks, &pos, &o, &h)) a[k++] = (int32_t)PyLong_AsLong(o);
-        Py_DECREF(blocks);
-        if (!a) return PyErr_NoMemory();
+    if (o >= 0) {
+        /* the session leaves the index now, so a keep() that names it again gets a new slot; this
+           one stays taken (pinned: no forget below frees it) until its blocks no longer name it */
+        Sess *s = &c->sess[o];
+        s->parked = 0;
+        if (!(a = malloc((s->live ? s->live : 1) * sizeof(int32_t)))) return PyErr_NoMemory();
+        for (Py_ssize_t e = 0; e < s->n; e++)
+            if (s->gens[e] == c->gen[s->blocks[e]] && n < s->live) a[n++] = s->blocks[e];
         qsort(a, n, sizeof(int32_t), cmp_i32);
+        if (PyDict_DelItem(c->sess_index, sid) < 0) { free(a); slot_release(c, o); return NULL; }
+        s->pinned = 1;
     }
     PyObject *freed = PyList_New(0);
     for (Py_ssize_t k = 0; freed && k < n; k++) {
-        int32_t b = a[k];
-        PyObject *owners = c->owners[b];
-        if (owners && PySet_Discard(owners, sid) < 0) { Py_CLEAR(freed); break; }
+        int32_t b = a[k], no = c->own_n[b], *v = owners_of(c, b);
+        for (int32_t j = 0; j < no; j++)
+            if (v[j] == o) { v[j] = v[no - 1]; c->own_n[b] = --no; c->sess[o].live--; break; }
         PyObject *name = c->names[b];
-        int drop = (!owners || PySet_GET_SIZE(owners) == 0) && c->ref[b] == 0 && name;
+        int drop = no <= 0 && c->ref[b] == 0 && name;
         if (drop && keep != Py_None) {
             PyObject *r = PyObject_CallOneArg(keep, name);
             int t = r ? PyObject_IsTrue(r) : -1;
@@ -965,6 +1040,13 @@ static PyObject *Core_drop(Core *c, PyObject *args, PyObject *kw) {
             Py_DECREF(got);
             empty_append(c, b);
         } else if (reclass(c, b) < 0) { Py_CLEAR(freed); break; }
+    }
+    if (o >= 0) {                         /* after an error some blocks may still name it: they drop it */
+        for (Py_ssize_t k = 0; k < n; k++) {
+            int32_t b = a[k], no = c->own_n[b], *v = owners_of(c, b);
+            for (int32_t j = 0; j < no; j++) if (v[j] == o) { v[j] = v[no - 1]; c->own_n[b] = --no; break; }
+        }
+        slot_free(c, o, 0);
     }
     free(a);
     return freed;
@@ -1052,10 +1134,29 @@ static PyObject *get_names(Core *c, void *u) {
 static PyObject *get_owners(Core *c, void *u) {
     PyObject *d = PyDict_New();
     for (Py_ssize_t b = 0; d && b < c->nb; b++) {
-        if (!c->owners[b]) continue;
-        PyObject *k = PyLong_FromSsize_t(b);
-        if (!k || PyDict_SetItem(d, k, c->owners[b]) < 0) Py_CLEAR(d);
-        Py_XDECREF(k);
+        if (c->own_n[b] < 0) continue;
+        PyObject *k = PyLong_FromSsize_t(b), *set = PySet_New(NULL);
+        for (int32_t j = 0; set && j < c->own_n[b]; j++)
+            if (PySet_Add(set, slot_obj(c, owners_of(c, b)[j])) < 0) Py_CLEAR(set);
+        if (!k || !set || PyDict_SetItem(d, k, set) < 0) Py_CLEAR(d);
+        Py_XDECREF(k); Py_XDECREF(set);
+    }
+    return d;
+}
+static PyObject *get_session_blocks(Core *c, void *u) {
+    PyObject *d = PyDict_New();
+    for (Py_ssize_t i = 0; d && i < c->sess_top; i++) {
+        Sess *s = &c->sess[i];
+        if (!s->sid || s->live == 0) continue;
+        PyObject *set = PySet_New(NULL);
+        for (Py_ssize_t e = 0; set && e < s->n; e++) {
+            if (s->gens[e] != c->gen[s->blocks[e]]) continue;
+            PyObject *v = block_obj(c, s->blocks[e]);
+            if (!v || PySet_Add(set, v) < 0) Py_CLEAR(set);
+            Py_XDECREF(v);
+        }
+        if (!set || PyDict_SetItem(d, s->sid, set) < 0) Py_CLEAR(d);
+        Py_XDECREF(set);
     }
     return d;
 }
@@ -1065,8 +1166,7 @@ static PyObject *get_stats(Core *c, void *u) {
                          "duplicate_commits", c->st_dup);
 }
 static PyObject *get_obj(Core *c, void *which) {
-    PyObject *o = which == (void *)0 ? c->on_evict : which == (void *)1 ? c->on_event
-                : which == (void *)2 ? c->session_blocks : c->parked;
+    PyObject *o = which == (void *)0 ? c->on_evict : which == (void *)1 ? c->on_event : c->parked;
     Py_INCREF(o);
     return o;
 }
@@ -1093,7 +1193,7 @@ static PyGetSetDef Core_getset[] = {
     {"stats", (getter)get_stats, NULL, NULL, NULL},
     {"on_evict", (getter)get_obj, (setter)set_hook, NULL, (void *)0},
     {"on_event", (getter)get_obj, (setter)set_hook, NULL, (void *)1},
-    {"session_blocks", (getter)get_obj, NULL, NULL, (void *)2},
+    {"session_blocks", (getter)get_session_blocks, NULL, "session -> its blocks (a copy)", NULL},
     {"parked", (getter)get_obj, NULL, NULL, (void *)3},
     {"num_blocks", (getter)get_int, NULL, NULL, (void *)0},
     {"max_owners", (getter)get_int, NULL, NULL, (void *)1},
@@ -1138,17 +1238,20 @@ static int Core_init(Core *c, PyObject *args, PyObject *kw) {
     c->no_free = PyObject_GetAttrString(hooks, "NoFreeBlocks");
     if (!c->shared || !c->no_free) return -1;
     c->ref = calloc(nb, sizeof(int32_t)); c->names = calloc(nb, sizeof(PyObject *));
-    c->owners = calloc(nb, sizeof(PyObject *)); c->ids = calloc(nb, sizeof(PyObject *));
+    c->own_n = malloc(nb * sizeof(int32_t)); c->own_cap = malloc(nb * sizeof(int32_t));
+    c->own_in = malloc(nb * sizeof(*c->own_in));
+    c->own_v = calloc(nb, sizeof(int32_t *)); c->gen = calloc(nb, sizeof(uint32_t));
+    c->ids = calloc(nb, sizeof(PyObject *));
     c->pairs = calloc(nb, sizeof(PyObject *)); c->empty = malloc(nb * sizeof(int32_t));
     c->freed_at = calloc(nb, sizeof(int64_t)); c->prev = malloc(nb * sizeof(int32_t));
     c->next = malloc(nb * sizeof(int32_t)); c->in_lru = calloc(nb, 1); c->is_parked = calloc(nb, 1);
     c->rank = calloc(nb, sizeof(double)); c->ep_tick = malloc(nb * sizeof(int64_t)); c->mark = calloc(nb, 1);
-    c->by_name = PyDict_New(); c->session_blocks = PyDict_New(); c->parked = PyDict_New();
-    if (!c->ref || !c->names || !c->owners || !c->ids || !c->pairs || !c->empty || !c->freed_at || !c->prev || !c->next || !c->in_lru
+    c->by_name = PyDict_New(); c->sess_index = PyDict_New(); c->parked = PyDict_New();
+    if (!c->ref || !c->names || !c->own_n || !c->own_cap || !c->own_in || !c->own_v || !c->gen || !c->ids || !c->pairs || !c->empty || !c->freed_at || !c->prev || !c->next || !c->in_lru
         || !c->is_parked || !c->rank || !c->ep_tick || !c->mark) { PyErr_NoMemory(); return -1; }
-    if (!c->by_name || !c->session_blocks || !c->parked) return -1;
+    if (!c->by_name || !c->sess_index || !c->parked) return -1;
     c->nb = nb;
-    for (Py_ssize_t b = 0; b < nb; b++) { c->empty[b] = (int32_t)b; c->ep_tick[b] = -1; }
+    for (Py_ssize_t b = 0; b < nb; b++) { c->empty[b] = (int32_t)b; c->ep_tick[b] = -1; c->own_n[b] = -1; c->own_cap[b] = OWN_INLINE; }
     c->e_head = 0; c->e_len = nb;
     c->lru_head = c->lru_tail = -1;
     Py_INCREF(hooks); c->hooks = hooks;
@@ -1158,15 +1261,15 @@ static int Core_init(Core *c, PyObject *args, PyObject *kw) {
     return 0;
 }
 static int Core_traverse(Core *c, visitproc visit, void *arg) {
-    Py_VISIT(c->by_name); Py_VISIT(c->session_blocks); Py_VISIT(c->parked);
+    Py_VISIT(c->by_name); Py_VISIT(c->sess_index); Py_VISIT(c->parked);
     Py_VISIT(c->on_evict); Py_VISIT(c->on_event); Py_VISIT(c->hooks);
-    if (c->owners) for (Py_ssize_t b = 0; b < c->nb; b++) Py_VISIT(c->owners[b]);
+    for (Py_ssize_t i = 0; i < c->sess_top; i++) Py_VISIT(c->sess[i].sid);
     return 0;
 }
 static int Core_clear_refs(Core *c) {
-    Py_CLEAR(c->by_name); Py_CLEAR(c->session_blocks); Py_CLEAR(c->parked);
+    Py_CLEAR(c->by_name); Py_CLEAR(c->sess_index); Py_CLEAR(c->parked);
     Py_CLEAR(c->on_evict); Py_CLEAR(c->on_event); Py_CLEAR(c->hooks);
-    if (c->owners) for (Py_ssize_t b = 0; b < c->nb; b++) Py_CLEAR(c->owners[b]);
+    for (Py_ssize_t i = 0; i < c->sess_top; i++) Py_CLEAR(c->sess[i].sid);
     return 0;
 }
 static void Core_dealloc(Core *c) {
@@ -1177,7 +1280,10 @@ static void Core_dealloc(Core *c) {
     if (c->pairs) for (Py_ssize_t b = 0; b < c->nb; b++) Py_XDECREF(c->pairs[b]);
     Py_XDECREF(c->shared); Py_XDECREF(c->no_free);
     for (Py_ssize_t h = 0; h < c->heap_len; h++) free_run(c->heap[h]);
-    free(c->heap); free(c->ref); free(c->names); free(c->owners); free(c->ids); free(c->pairs); free(c->empty); free(c->freed_at);
+    for (Py_ssize_t i = 0; i < c->sess_top; i++) { Py_XDECREF(c->sess[i].sid); free(c->sess[i].blocks); free(c->sess[i].gens); }
+    if (c->own_v) for (Py_ssize_t b = 0; b < c->nb; b++) free(c->own_v[b]);
+    free(c->sess); free(c->free_slots); free(c->own_n); free(c->own_cap); free(c->own_in); free(c->own_v); free(c->gen);
+    free(c->heap); free(c->ref); free(c->names); free(c->ids); free(c->pairs); free(c->empty); free(c->freed_at);
     free(c->prev); free(c->next); free(c->in_lru); free(c->is_parked); free(c->rank); free(c->ep_tick); free(c->mark);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }

@@ -75,3 +75,35 @@ def test_context_refs_count_every_session_holding_a_name():
     assert dict(t.refs) == want
     t.pop("a")
     assert not t.held(names[0]) and t.held(names[6])
+
+
+def test_count_names_compiled_matches_python(monkeypatch):
+    """block_names.count_names against the Python loop: the same counts after random adds and
+    releases (starts past the end, repeats within a list), and the same KeyError for a release of
+    a name nobody holds."""
+    import random
+
+    from everybyte.kv import sessions
+    if sessions.compiled_names() is None:
+        pytest.skip("compiled block names unavailable")
+    rng = random.Random(3)
+    pool = [bytes([i]) * 16 for i in range(12)]
+    native, python = {}, {}
+    for _ in range(400):
+        names = [rng.choice(pool) for _ in range(rng.randint(0, 8))]
+        start, delta = rng.randint(-1, 9), rng.choice([1, 1, 2, -1])
+        results = []
+        for refs, compiled in ((native, True), (python, False)):
+            if not compiled:
+                monkeypatch.setattr(sessions, "compiled_names", lambda: None)
+            try:
+                sessions.count_names(refs, names, start, delta)
+                results.append("ok")
+            except KeyError as e:
+                results.append(e.args)
+            monkeypatch.undo()
+        assert results[0] == results[1]
+        assert native == python
+        assert all(v > 0 for v in native.values())
+    with pytest.raises(TypeError):
+        sessions.count_names([], pool, 0, 1)

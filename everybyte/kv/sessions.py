@@ -11,8 +11,9 @@ import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
+from everybyte.kv.block_id import compiled_names
 from everybyte.kv.name_memo import equal_blocks
 
 MAX_GAP_S = 7 * 24 * 3600.0        # an expected tool-call gap longer than a week is a client bug
@@ -37,6 +38,22 @@ def check_gap(expected_gap_s: object) -> float | None:
         raise ValueError(f"expected_gap_s must be a finite number of seconds in [0, {MAX_GAP_S:.0f}], "
                          f"got {expected_gap_s!r}")
     return float(expected_gap_s)
+
+
+def count_names(refs: dict[bytes, int], names: list[bytes], start: int, delta: int) -> None:
+    """refs[n] += delta for each n in names[start:] (absent: 0, or a KeyError when delta < 1),
+    deleted at 0 or less; in C (block_names.count_names) when it builds."""
+    native: Any = compiled_names()
+    if native is not None:
+        native.count_names(refs, names, start, delta)
+        return
+    for i in range(max(start, 0), len(names)):
+        n = names[i]
+        left = (refs.get(n, 0) if delta > 0 else refs[n]) + delta
+        if left > 0:
+            refs[n] = left
+        else:
+            del refs[n]
 
 
 class SessionTable:
@@ -86,17 +103,15 @@ class SessionTable:
         kept = len(old)
         # the context grew: only the new names gain a holder (compared in C, by identity first)
         grew = kept <= len(names) and equal_blocks(names, old, kept, 1) == kept
-        for i in range(kept if grew else 0, len(names)):
-            n = names[i]
-            refs[n] = refs.get(n, 0) + 1
+        count_names(refs, names, kept if grew else 0, 1)
         if not grew:
-            self._release(old)
+            count_names(refs, old, 0, -1)
         s.num_tokens, s.names = num_tokens, names
 
     def pop(self, session_id: str) -> Session:
         s = self.get(session_id)
         del self.sessions[session_id]
-        self._release(s.names)
+        count_names(self.refs, s.names, 0, -1)
         return s
 
     def held(self, name: bytes) -> bool:
@@ -117,15 +132,6 @@ class SessionTable:
             else:
                 break
         return out
-
-    def _release(self, names: list[bytes]) -> None:
-        refs = self.refs
-        for n in names:
-            left = refs[n] - 1
-            if left > 0:
-                refs[n] = left
-            else:
-                del refs[n]
 
     def __len__(self) -> int:
         return len(self.sessions)

@@ -148,9 +148,10 @@ class CostModel:
             self.step_overhead_s
         base = tokens * self.flops_per_token
         out = []
+        fa, fn = float(attended), float(n)                 # exact (< 2**53): a float loop, no int conversions
         for j in range(steps):                             # range(steps): a native loop compiled
-            a = attended + n * j
-            out.append(max((base + a * w * afc) / peak, (weights + (a + n) * kvb) / bw) + over)
+            a = fa + fn * j
+            out.append(max((base + a * w * afc) / peak, (weights + (a + fn) * kvb) / bw) + over)
         return out
 
     def count_decode(self, num_seqs: int, attended: int, steps: int) -> None:

@@ -19,7 +19,6 @@ same times.
 from __future__ import annotations
 
 import gc
-import heapq
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from everybyte.engine.decode_run import DecodeRun
 from everybyte.engine.outputs import RequestOutput
 from everybyte.engine.sampling_params import SamplingParams
 from everybyte.engine.sequence import Sequence
+from everybyte.sim.event_queue import Events, new_event_queue
 from everybyte.sim.metrics import TurnRecord, summarize
 from everybyte.sim.routes import SessionSticky
 from everybyte.sim.worker import SimWorker
@@ -105,7 +105,7 @@ class Runner:
         self.dispatch = dispatch
         self.side: dict[str, Callable[[RequestOutput, SimWorker], None]] = {}       # request id -> what to do when a non-turn request finishes
         self.weights_bytes = weights_bytes
-        self.events: list[tuple[float, int, int, int, object]] = []   # (time, kind, tie, n, what)
+        self.events: Events = new_event_queue()              # what, by (time, kind, tie, n)
         self.n_events = 0
         self.now = 0.0
         self.sent = 0
@@ -122,7 +122,7 @@ class Runner:
     # ---- events ---------------------------------------------------------------------------------
     def _push(self, t: float, kind: int, what: object, tie: int | None = None) -> int:
         self.n_events += 1
-        heapq.heappush(self.events, (t, kind, self.n_events if tie is None else tie, self.n_events, what))
+        self.events.push(t, kind, self.n_events if tie is None else tie, self.n_events, what)
         return self.n_events
 
     def _wake(self, w: SimWorker, t: float, replace: bool = False) -> None:
@@ -162,8 +162,9 @@ class Runner:
     def _loop(self) -> tuple[float, float]:
         """Handle events until none is left; its wall and processor seconds."""
         wall0, cpu0 = time.perf_counter(), time.process_time()
-        while self.events:
-            t, kind, _, n, what = heapq.heappop(self.events)
+        events = self.events
+        while len(events):
+            t, kind, n, what = events.pop()
             self.now = t
             if kind == STEP:
                 w = cast(SimWorker, what)                           # a native read of w.index below
@@ -185,7 +186,7 @@ class Runner:
         if self.next_first < len(self.firsts):
             t, i = self.firsts[self.next_first]
             self.next_first += 1
-            heapq.heappush(self.events, (t, ARRIVE, i + 1, i + 1, i))
+            self.events.push(t, ARRIVE, i + 1, i + 1, i)
 
     def _start_session(self, i: int) -> SessionState:
         s = self.trace.sessions[i]
@@ -268,7 +269,7 @@ class Runner:
             w.core.advance_decode(planned[1], planned[1].steps)      # its end is now
         if w.clock.now < self.now:
             w.clock.advance(self.now - w.clock.now)
-        w.mover.horizon = self.events[0][0] if self.events else INF
+        w.mover.horizon = self.events.first_time()
         before = w.clock.now
         for out in w.core.step():
             if out.finished:

@@ -121,6 +121,32 @@ static void final(blake2b *s, uint8_t out[OUT_BYTES]) {
         out[i] = (uint8_t)(s->h[i / 8] >> (8 * (i % 8)));
 }
 
+/* an int that fits one internal digit (every token id), read without a call; 0: ask PyLong */
+static inline int small_int(PyObject *o, long long *v) {
+    if (!PyLong_CheckExact(o))
+        return 0;
+#if PY_VERSION_HEX >= 0x030C0000
+    if (!PyUnstable_Long_IsCompact((PyLongObject *)o))
+        return 0;
+    *v = (long long)PyUnstable_Long_CompactValue((PyLongObject *)o);
+#else
+    Py_ssize_t size = Py_SIZE(o);
+    if (size < -1 || size > 1)
+        return 0;
+    *v = size * (long long)((PyLongObject *)o)->ob_digit[0];
+#endif
+    return 1;
+}
+
+static inline void store32(uint8_t *p, uint32_t u) {         /* little-endian */
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memcpy(p, &u, 4);
+#else
+    for (int b = 0; b < 4; b++)
+        p[b] = (uint8_t)(u >> (8 * b));
+#endif
+}
+
 /* an argument as a Py_ssize_t, as the "n" format reads it; -1 with an exception on failure */
 static Py_ssize_t arg_ssize(PyObject *o) { return PyNumber_AsSsize_t(o, PyExc_OverflowError); }
 
@@ -209,16 +235,17 @@ static PyObject *chain_any(PyObject *const *args, Py_ssize_t nargs, int mix) {
         goto done;
     }
     for (Py_ssize_t i = start; i < end; i++) {
-        long long v = PyLong_AsLongLong(items[i]);
-        if (v == -1 && PyErr_Occurred())
-            goto done;
-        if (v < INT32_MIN || v > INT32_MAX) {
-            PyErr_SetString(PyExc_OverflowError, "chain: a token does not fit an int32");
-            goto done;
+        long long v;
+        if (!small_int(items[i], &v)) {
+            v = PyLong_AsLongLong(items[i]);
+            if (v == -1 && PyErr_Occurred())
+                goto done;
+            if (v < INT32_MIN || v > INT32_MAX) {
+                PyErr_SetString(PyExc_OverflowError, "chain: a token does not fit an int32");
+                goto done;
+            }
         }
-        uint32_t u = (uint32_t)v;
-        for (int b = 0; b < 4; b++)
-            packed[(i - start) * 4 + b] = (uint8_t)(u >> (8 * b));
+        store32(packed + (i - start) * 4, (uint32_t)v);
     }
     uint8_t pers[16] = {0}, name[OUT_BYTES];
     if (!mix)
@@ -303,7 +330,58 @@ static PyObject *common_prefix(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(i);
 }
 
+/* count_names(refs, names, start, delta): refs[n] += delta for each n in names[start:] (a name
+ * absent counts 0 when delta > 0, else it is a KeyError), deleted when it reaches 0 or less:
+ * kv/sessions' counts of the sessions holding each block */
+static PyObject *count_names(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "count_names() takes 4 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *refs = args[0];
+    if (!PyDict_Check(refs)) {
+        PyErr_SetString(PyExc_TypeError, "count_names: refs must be a dict");
+        return NULL;
+    }
+    Py_ssize_t start = arg_ssize(args[2]), delta = arg_ssize(args[3]);
+    if ((start == -1 || delta == -1) && PyErr_Occurred())
+        return NULL;
+    PyObject *fast = PySequence_Fast(args[1], "count_names: names must be a sequence");
+    if (!fast)
+        return NULL;
+    for (Py_ssize_t i = start < 0 ? 0 : start; i < PySequence_Fast_GET_SIZE(fast); i++) {
+        PyObject *n = PySequence_Fast_GET_ITEM(fast, i), *v = PyDict_GetItemWithError(refs, n);
+        long long was = 0;
+        if (v) {
+            was = PyLong_AsLongLong(v);
+            if (was == -1 && PyErr_Occurred())
+                goto fail;
+        } else if (PyErr_Occurred())
+            goto fail;
+        else if (delta <= 0) {
+            PyErr_SetObject(PyExc_KeyError, n);
+            goto fail;
+        }
+        long long left = was + delta;
+        if (left > 0) {
+            PyObject *c = PyLong_FromLongLong(left);
+            int rc = c ? PyDict_SetItem(refs, n, c) : -1;
+            Py_XDECREF(c);
+            if (rc < 0)
+                goto fail;
+        } else if (PyDict_DelItem(refs, n) < 0)
+            goto fail;
+    }
+    Py_DECREF(fast);
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(fast);
+    return NULL;
+}
+
 static PyMethodDef METHODS[] = {
+    {"count_names", (PyCFunction)(void (*)(void))count_names, METH_FASTCALL,
+     "count_names(refs, names, start, delta): refs[n] += delta for names[start:], 0 deletes"},
     {"common_prefix", common_prefix, METH_VARARGS, "common_prefix(a, b, limit) -> leading equal items"},
     {"chain_mix", (PyCFunction)(void (*)(void))chain_mix, METH_FASTCALL,
      "chain_mix(digest, parent, tokens, start, end, block_size) -> mix128 names (kv/block_mix)"},

@@ -77,33 +77,37 @@ def test_context_refs_count_every_session_holding_a_name():
     assert not t.held(names[0]) and t.held(names[6])
 
 
-def test_count_names_compiled_matches_python(monkeypatch):
-    """block_names.count_names against the Python loop: the same counts after random adds and
-    releases (starts past the end, repeats within a list), and the same KeyError for a release of
-    a name nobody holds."""
+def test_name_counts_compiled_matches_python():
+    """The compiled NameCounts against the dict reference: the same counts after random adds and
+    releases (starts past either end, repeats within a list, enough names to grow the table and
+    delete from the middle of its probe runs), the same KeyError for a release of a name nobody
+    holds, and a TypeError for a name that is not bytes."""
     import random
 
-    from everybyte.kv import sessions
-    if sessions.compiled_names() is None:
-        pytest.skip("compiled block names unavailable")
+    from everybyte.kv import name_counts
+    if name_counts._native() is None:
+        pytest.skip("compiled name counts unavailable")
     rng = random.Random(3)
-    pool = [bytes([i]) * 16 for i in range(12)]
-    native, python = {}, {}
-    for _ in range(400):
+    pool = [bytes([i % 256, i // 256]) * rng.choice([1, 4, 8, 9]) for i in range(300)]
+    native, python = name_counts._native().NameCounts(), name_counts.NameCounts()
+    for _ in range(3000):
         names = [rng.choice(pool) for _ in range(rng.randint(0, 8))]
-        start, delta = rng.randint(-1, 9), rng.choice([1, 1, 2, -1])
+        start, delta = rng.randint(-1, 9), rng.choice([1, 1, 2, -1, -1])
         results = []
-        for refs, compiled in ((native, True), (python, False)):
-            if not compiled:
-                monkeypatch.setattr(sessions, "compiled_names", lambda: None)
+        for c in (native, python):
             try:
-                sessions.count_names(refs, names, start, delta)
+                c.add(names, start, delta)
                 results.append("ok")
             except KeyError as e:
                 results.append(e.args)
-            monkeypatch.undo()
         assert results[0] == results[1]
-        assert native == python
-        assert all(v > 0 for v in native.values())
-    with pytest.raises(TypeError):
-        sessions.count_names([], pool, 0, 1)
+        assert len(native) == len(python) and sorted(native.keys()) == sorted(python.keys())
+        probe = rng.choice(pool)
+        assert native.get(probe) == python.get(probe) and (probe in native) == (probe in python)
+    assert dict(native) == dict(python) and len(native) > 50
+    assert all(v > 0 for v in dict(native).values())
+    for c in (native, python):
+        with pytest.raises(TypeError):
+            c.add(["not bytes"], 0, 1)
+        with pytest.raises(KeyError):
+            c[b"nobody"]

@@ -11,9 +11,9 @@ import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
-from everybyte.kv.block_id import compiled_names
+from everybyte.kv.name_counts import Counts, new_name_counts
 from everybyte.kv.name_memo import equal_blocks
 
 MAX_GAP_S = 7 * 24 * 3600.0        # an expected tool-call gap longer than a week is a client bug
@@ -40,22 +40,6 @@ def check_gap(expected_gap_s: object) -> float | None:
     return float(expected_gap_s)
 
 
-def count_names(refs: dict[bytes, int], names: list[bytes], start: int, delta: int) -> None:
-    """refs[n] += delta for each n in names[start:] (absent: 0, or a KeyError when delta < 1),
-    deleted at 0 or less; in C (block_names.count_names) when it builds."""
-    native: Any = compiled_names()
-    if native is not None:
-        native.count_names(refs, names, start, delta)
-        return
-    for i in range(max(start, 0), len(names)):
-        n = names[i]
-        left = (refs.get(n, 0) if delta > 0 else refs[n]) + delta
-        if left > 0:
-            refs[n] = left
-        else:
-            del refs[n]
-
-
 class SessionTable:
     def __init__(self, max_sessions: int = 10000, idle_timeout_s: float = 3600.0,
                  clock: Callable[[], float] = time.time):
@@ -64,7 +48,7 @@ class SessionTable:
                              f"{idle_timeout_s}")
         self.max_sessions, self.idle_timeout_s, self.clock = max_sessions, idle_timeout_s, clock
         self.sessions: OrderedDict[str, Session] = OrderedDict()    # least recently active first
-        self.refs: dict[bytes, int] = {}                            # name -> sessions holding it
+        self.refs: Counts = new_name_counts()                       # name -> sessions holding it
 
     def __contains__(self, session_id: str) -> bool:
         return session_id in self.sessions
@@ -103,20 +87,20 @@ class SessionTable:
         kept = len(old)
         # the context grew: only the new names gain a holder (compared in C, by identity first)
         grew = kept <= len(names) and equal_blocks(names, old, kept, 1) == kept
-        count_names(refs, names, kept if grew else 0, 1)
+        refs.add(names, kept if grew else 0, 1)
         if not grew:
-            count_names(refs, old, 0, -1)
+            refs.add(old, 0, -1)
         s.num_tokens, s.names = num_tokens, names
 
     def pop(self, session_id: str) -> Session:
         s = self.get(session_id)
         del self.sessions[session_id]
-        count_names(self.refs, s.names, 0, -1)
+        self.refs.add(s.names, 0, -1)
         return s
 
     def held(self, name: bytes) -> bool:
         """Whether some session's context holds this block."""
-        return self.refs.get(name, 0) > 0
+        return self.refs.get(name) > 0
 
     def over_limits(self, keep: str | None = None) -> list[str]:
         """Sessions to expire now: idle past the timeout, then the least recently active beyond

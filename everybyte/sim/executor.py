@@ -84,10 +84,12 @@ class CostExecutor:
         self.steps += 1
         self.busy_s += cost
         rows, toks = [], []
+        token, placeholder = self.token, self.token is placeholder_token
         for i, (s, n) in enumerate(zip(seqs, num_new_tokens)):
             if s.num_computed_tokens + n == len(s.token_ids):
                 rows.append(i)
-                toks.append(self.token(len(s.token_ids)))
+                # the module's own function is a direct call compiled; a stored callable is not
+                toks.append(placeholder_token(len(s.token_ids)) if placeholder else token(len(s.token_ids)))
         self.tokens += sum(num_new_tokens)
         return StepResult(rows, toks, [None] * len(rows), cost)
 

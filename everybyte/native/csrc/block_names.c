@@ -330,58 +330,7 @@ static PyObject *common_prefix(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(i);
 }
 
-/* count_names(refs, names, start, delta): refs[n] += delta for each n in names[start:] (a name
- * absent counts 0 when delta > 0, else it is a KeyError), deleted when it reaches 0 or less:
- * kv/sessions' counts of the sessions holding each block */
-static PyObject *count_names(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_Format(PyExc_TypeError, "count_names() takes 4 arguments (%zd given)", nargs);
-        return NULL;
-    }
-    PyObject *refs = args[0];
-    if (!PyDict_Check(refs)) {
-        PyErr_SetString(PyExc_TypeError, "count_names: refs must be a dict");
-        return NULL;
-    }
-    Py_ssize_t start = arg_ssize(args[2]), delta = arg_ssize(args[3]);
-    if ((start == -1 || delta == -1) && PyErr_Occurred())
-        return NULL;
-    PyObject *fast = PySequence_Fast(args[1], "count_names: names must be a sequence");
-    if (!fast)
-        return NULL;
-    for (Py_ssize_t i = start < 0 ? 0 : start; i < PySequence_Fast_GET_SIZE(fast); i++) {
-        PyObject *n = PySequence_Fast_GET_ITEM(fast, i), *v = PyDict_GetItemWithError(refs, n);
-        long long was = 0;
-        if (v) {
-            was = PyLong_AsLongLong(v);
-            if (was == -1 && PyErr_Occurred())
-                goto fail;
-        } else if (PyErr_Occurred())
-            goto fail;
-        else if (delta <= 0) {
-            PyErr_SetObject(PyExc_KeyError, n);
-            goto fail;
-        }
-        long long left = was + delta;
-        if (left > 0) {
-            PyObject *c = PyLong_FromLongLong(left);
-            int rc = c ? PyDict_SetItem(refs, n, c) : -1;
-            Py_XDECREF(c);
-            if (rc < 0)
-                goto fail;
-        } else if (PyDict_DelItem(refs, n) < 0)
-            goto fail;
-    }
-    Py_DECREF(fast);
-    Py_RETURN_NONE;
-fail:
-    Py_DECREF(fast);
-    return NULL;
-}
-
 static PyMethodDef METHODS[] = {
-    {"count_names", (PyCFunction)(void (*)(void))count_names, METH_FASTCALL,
-     "count_names(refs, names, start, delta): refs[n] += delta for names[start:], 0 deletes"},
     {"common_prefix", common_prefix, METH_VARARGS, "common_prefix(a, b, limit) -> leading equal items"},
     {"chain_mix", (PyCFunction)(void (*)(void))chain_mix, METH_FASTCALL,
      "chain_mix(digest, parent, tokens, start, end, block_size) -> mix128 names (kv/block_mix)"},

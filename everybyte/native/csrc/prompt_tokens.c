@@ -99,11 +99,16 @@ static PyObject *content(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         Py_DECREF(seq);
         return NULL;
     }
-    long long cached_block = -1;
+    long long cached_block = -1, block = 0, block_lo = 0, block_hi = 0;   /* block holds [lo, hi) */
     uint64_t cached_id = 0;
     for (long long s = start; s < end; s++) {
         long long pos = scale == 1.0 ? s : (long long)((double)s * scale);
-        long long block = (pos > rec_a ? pos : rec_a) / block_size;
+        long long at = pos > rec_a ? pos : rec_a;
+        if (at >= block_hi || at < block_lo || s == start) {      /* a division per block, not per token */
+            block = at / block_size;
+            block_lo = block * block_size;
+            block_hi = block_lo + block_size;
+        }
         uint64_t x;
         int hashed = block < nh;
         if (hashed) {

@@ -108,6 +108,10 @@ class SessionTable:
         out: list[str] = []
         cutoff = self.clock() - self.idle_timeout_s
         excess = len(self.sessions) - self.max_sessions
+        if excess <= 0 and self.sessions:        # the common case: the least recently active is fresh
+            first = next(iter(self.sessions))
+            if first != keep and self.sessions[first].last_active >= cutoff:
+                return out
         for sid, s in self.sessions.items():
             if sid == keep:
                 continue

@@ -56,7 +56,9 @@ typedef struct {
     PyObject *sess_index;   /* dict session -> its slot (int) */
     PyObject **ids;         /* NULL or block b's int object (owned), made on first use */
     PyObject **pairs;       /* NULL or the last (block, name) tuple made for block b (owned) */
-    PyObject *by_name;      /* dict name -> int */
+    int32_t *nidx;          /* the name index: open addressing over named blocks (-1: free slot) */
+    uint64_t *nhash;        /* block b's name hashed (name_hash), while it is named */
+    Py_ssize_t nmask, nlen; /* index size - 1 (a power of two, at least twice nb: it never fills) */
     PyObject *parked;       /* dict session -> expected return (float or None) */
     int32_t *empty;         /* ring buffer */
     Py_ssize_t e_head, e_len;
@@ -333,6 +335,65 @@ static PyObject *int_list(Core *c, const int32_t *a, Py_ssize_t n) {
 static void empty_append(Core *c, int32_t b) { c->empty[(c->e_head + c->e_len++) % c->nb] = b; }
 static int32_t empty_popleft(Core *c) { int32_t b = c->empty[c->e_head]; c->e_head = (c->e_head + 1) % c->nb; c->e_len--; return b; }
 
+/* ---- the name index (the reference's by_name dict) ------------------------------------------------ */
+static inline uint64_t fmix64(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    return x ^ (x >> 33);
+}
+static uint64_t name_hash(PyObject *name) {       /* name: bytes */
+    const char *p = PyBytes_AS_STRING(name);
+    Py_ssize_t n = PyBytes_GET_SIZE(name), i = 0;
+    uint64_t h = 0x9e3779b97f4a7c15ULL ^ (uint64_t)n, w;
+    for (; i + 8 <= n; i += 8) { memcpy(&w, p + i, 8); h = fmix64(h ^ w); }
+    if (i < n) { w = 0; memcpy(&w, p + i, (size_t)(n - i)); h = fmix64(h ^ w ^ 0xd6e8feb86659fd93ULL); }
+    return h;
+}
+/* the block named key (bytes, hashed h), or -1 */
+static int32_t index_find(Core *c, PyObject *key, uint64_t h) {
+    const char *p = PyBytes_AS_STRING(key);
+    Py_ssize_t n = PyBytes_GET_SIZE(key);
+    for (Py_ssize_t i = (Py_ssize_t)(h & (uint64_t)c->nmask);; i = (i + 1) & c->nmask) {
+        int32_t b = c->nidx[i];
+        if (b < 0) return -1;
+        PyObject *nm = c->names[b];
+        if (nm == key || (c->nhash[b] == h && PyBytes_GET_SIZE(nm) == n && memcmp(PyBytes_AS_STRING(nm), p, (size_t)n) == 0))
+            return b;
+    }
+}
+/* a name asked for: -1 when it is not bytes (no block can hold it), else its block or -1 */
+static int32_t index_get(Core *c, PyObject *key) {
+    return PyBytes_Check(key) ? index_find(c, key, name_hash(key)) : -1;
+}
+static void index_insert(Core *c, int32_t b, uint64_t h) {
+    Py_ssize_t i = (Py_ssize_t)(h & (uint64_t)c->nmask);
+    while (c->nidx[i] >= 0) i = (i + 1) & c->nmask;
+    c->nidx[i] = b;
+    c->nhash[b] = h;
+    c->nlen++;
+}
+/* take block b out of the index (backward shift: later entries of its probe run move up, so no
+   lookup needs a tombstone); 0 when it was not there */
+static int index_remove(Core *c, int32_t b) {
+    Py_ssize_t mask = c->nmask, i = (Py_ssize_t)(c->nhash[b] & (uint64_t)mask);
+    for (; c->nidx[i] != b; i = (i + 1) & mask) if (c->nidx[i] < 0) return 0;
+    for (Py_ssize_t j = i;;) {
+        j = (j + 1) & mask;
+        int32_t t = c->nidx[j];
+        if (t < 0) break;
+        Py_ssize_t home = (Py_ssize_t)(c->nhash[t] & (uint64_t)mask);
+        if ((j > i && (home <= i || home > j)) || (j < i && home <= i && home > j)) {   /* i lies in [home, j) */
+            c->nidx[i] = t;
+            i = j;
+        }
+    }
+    c->nidx[i] = -1;
+    c->nlen--;
+    return 1;
+}
+
 static double park_rank(PyObject *v, int *err) {
     if (v == Py_None) return INFINITY;
     double d = PyFloat_AsDouble(v);
@@ -550,14 +611,9 @@ static Py_ssize_t session_order(Core *c, int32_t i, int32_t **out) {
 static PyObject *forget(Core *c, int32_t b) {
     PyObject *name = c->names[b];
     c->names[b] = NULL;
-    if (name) {
-        PyObject *v = PyDict_GetItemWithError(c->by_name, name);
-        if (!v && PyErr_Occurred()) { Py_DECREF(name); return NULL; }
-        if (v && PyLong_AsLong(v) == b) {
-            if (PyDict_DelItem(c->by_name, name) < 0) { Py_DECREF(name); return NULL; }
-            if (c->on_event != Py_None && hook(c, "emit_removed", Py_BuildValue("(O[O])", c->on_event, name)) < 0) {
-                Py_DECREF(name); return NULL;
-            }
+    if (name && index_remove(c, b)) {
+        if (c->on_event != Py_None && hook(c, "emit_removed", Py_BuildValue("(O[O])", c->on_event, name)) < 0) {
+            Py_DECREF(name); return NULL;
         }
     }
     int32_t n = c->own_n[b];
@@ -615,12 +671,10 @@ static Py_ssize_t lookup_into(Core *c, PyObject *names, int32_t **out, Py_ssize_
     if (!a) { Py_DECREF(fast); PyErr_NoMemory(); return -1; }
     for (; k < n; k++) {
         /* a prompt's blocks are mostly consecutive ids (fresh blocks come sorted): when the block
-           after the previous hit holds this very name object, that is its dict entry too */
+           after the previous hit holds this very name object, that is its index entry too */
         int32_t next = k ? a[k - 1] + 1 : -1;
         if (next > 0 && next < c->nb && c->names[next] == items[k]) { a[k] = next; continue; }
-        PyObject *v = PyDict_GetItemWithError(c->by_name, items[k]);
-        if (!v) { if (PyErr_Occurred()) { free(a); Py_DECREF(fast); return -1; } break; }
-        a[k] = (int32_t)PyLong_AsLong(v);
+        if ((a[k] = index_get(c, items[k])) < 0) break;
     }
     Py_DECREF(fast);
     *out = a;
@@ -647,7 +701,11 @@ static Py_ssize_t claim(Core *c, PyObject *names, PyObject *owner, int32_t **hit
     for (Py_ssize_t k = 0; k < n; k++) if (c->ref[h[k]] == 0) id[ni++] = h[k];
     for (Py_ssize_t k = 0; k < ni; k++) pf_remove(c, id[k]);
     int rc = 0;
-    for (Py_ssize_t k = 0; k < n && rc == 0; k++) rc = own(c, h[k], o);    /* at once when it owns it already */
+    for (Py_ssize_t k = 0; k < n && rc == 0; k++) {
+        int32_t b = h[k];                     /* most hits: a private block the owner holds already */
+        if (c->own_n[b] == 1 && c->own_cap[b] == OWN_INLINE && c->own_in[b][0] == o) continue;
+        rc = own(c, b, o);
+    }
     slot_release(c, o);
     if (rc < 0) { free(h); free(id); return -1; }
     *idle = id; *nidle = ni;
@@ -683,11 +741,7 @@ static PyObject *Core_count_hits(Core *c, PyObject *args) {
     if (limit < n) n = limit < 0 ? 0 : limit;
     for (int32_t prev = -1; hits < n; hits++) {      /* lookup_into's walk, counted */
         int32_t b = prev + 1;
-        if (!(prev >= 0 && b < c->nb && c->names[b] == items[hits])) {
-            PyObject *v = PyDict_GetItemWithError(c->by_name, items[hits]);
-            if (!v) { if (PyErr_Occurred()) { Py_DECREF(fast); return NULL; } break; }
-            b = (int32_t)PyLong_AsLong(v);
-        }
+        if (!(prev >= 0 && b < c->nb && c->names[b] == items[hits]) && (b = index_get(c, items[hits])) < 0) break;
         idle += c->ref[b] == 0;
         prev = b;
     }
@@ -788,12 +842,16 @@ static PyObject *commit_one(Core *c, Py_ssize_t b, PyObject *name, int32_t owner
         if (own(c, (int32_t)b, owner) < 0) return NULL;
         return block_obj(c, (int32_t)b);
     }
+    if (!PyBytes_Check(name))
+        return PyErr_Format(PyExc_TypeError, "a block name must be bytes, not %.100s", Py_TYPE(name)->tp_name);
+    uint64_t h = name_hash(name);
+    int32_t other = index_find(c, name, h);
+    if (other >= 0) { c->st_dup++; return block_obj(c, other); }
     PyObject *key = block_obj(c, (int32_t)b);
-    PyObject *other = key ? PyDict_SetDefault(c->by_name, name, key) : NULL;   /* one probe: find or insert */
-    if (!other) { Py_XDECREF(key); return NULL; }
-    if (other != key) { c->st_dup++; Py_INCREF(other); Py_DECREF(key); return other; }
+    if (!key) return NULL;
     Py_INCREF(name);
     c->names[b] = name;
+    index_insert(c, (int32_t)b, h);
     c->st_commits++;
     if (c->on_event != Py_None) {
         PyObject *t = tokens ? tokens : Py_None;
@@ -943,7 +1001,7 @@ static PyObject *Core_clear(Core *c, PyObject *unused) {
     c->on_event = hook_obj;
     if (failed) { Py_DECREF(removed); return NULL; }
     if (hook_obj != Py_None && PyList_GET_SIZE(removed)) {
-        int rc = PyDict_GET_SIZE(c->by_name) == 0
+        int rc = c->nlen == 0
             ? hook(c, "emit_cleared", Py_BuildValue("(O)", hook_obj))
             : hook(c, "emit_removed", Py_BuildValue("(OO)", hook_obj, removed));
         if (rc < 0) { Py_DECREF(removed); return NULL; }
@@ -1098,10 +1156,9 @@ static PyObject *Core_name_of(Core *c, PyObject *arg) {
     return n;
 }
 static PyObject *Core_block_of(Core *c, PyObject *name) {
-    PyObject *v = PyDict_GetItemWithError(c->by_name, name);
-    if (!v) { if (PyErr_Occurred()) return NULL; Py_RETURN_NONE; }
-    Py_INCREF(v);
-    return v;
+    int32_t b = index_get(c, name);
+    if (b < 0) Py_RETURN_NONE;
+    return block_obj(c, b);
 }
 
 /* ---- attributes -------------------------------------------------------------------------------- */
@@ -1246,10 +1303,15 @@ static int Core_init(Core *c, PyObject *args, PyObject *kw) {
     c->freed_at = calloc(nb, sizeof(int64_t)); c->prev = malloc(nb * sizeof(int32_t));
     c->next = malloc(nb * sizeof(int32_t)); c->in_lru = calloc(nb, 1); c->is_parked = calloc(nb, 1);
     c->rank = calloc(nb, sizeof(double)); c->ep_tick = malloc(nb * sizeof(int64_t)); c->mark = calloc(nb, 1);
-    c->by_name = PyDict_New(); c->sess_index = PyDict_New(); c->parked = PyDict_New();
-    if (!c->ref || !c->names || !c->own_n || !c->own_cap || !c->own_in || !c->own_v || !c->gen || !c->ids || !c->pairs || !c->empty || !c->freed_at || !c->prev || !c->next || !c->in_lru
+    Py_ssize_t size = 8;
+    while (size < 2 * nb) size *= 2;
+    c->nidx = malloc(size * sizeof(int32_t)); c->nhash = malloc(nb * sizeof(uint64_t));
+    c->sess_index = PyDict_New(); c->parked = PyDict_New();
+    if (!c->nidx || !c->nhash || !c->ref || !c->names || !c->own_n || !c->own_cap || !c->own_in || !c->own_v || !c->gen || !c->ids || !c->pairs || !c->empty || !c->freed_at || !c->prev || !c->next || !c->in_lru
         || !c->is_parked || !c->rank || !c->ep_tick || !c->mark) { PyErr_NoMemory(); return -1; }
-    if (!c->by_name || !c->sess_index || !c->parked) return -1;
+    if (!c->sess_index || !c->parked) return -1;
+    for (Py_ssize_t i = 0; i < size; i++) c->nidx[i] = -1;
+    c->nmask = size - 1; c->nlen = 0;
     c->nb = nb;
     for (Py_ssize_t b = 0; b < nb; b++) { c->empty[b] = (int32_t)b; c->ep_tick[b] = -1; c->own_n[b] = -1; c->own_cap[b] = OWN_INLINE; }
     c->e_head = 0; c->e_len = nb;
@@ -1261,13 +1323,13 @@ static int Core_init(Core *c, PyObject *args, PyObject *kw) {
     return 0;
 }
 static int Core_traverse(Core *c, visitproc visit, void *arg) {
-    Py_VISIT(c->by_name); Py_VISIT(c->sess_index); Py_VISIT(c->parked);
+    Py_VISIT(c->sess_index); Py_VISIT(c->parked);
     Py_VISIT(c->on_evict); Py_VISIT(c->on_event); Py_VISIT(c->hooks);
     for (Py_ssize_t i = 0; i < c->sess_top; i++) Py_VISIT(c->sess[i].sid);
     return 0;
 }
 static int Core_clear_refs(Core *c) {
-    Py_CLEAR(c->by_name); Py_CLEAR(c->sess_index); Py_CLEAR(c->parked);
+    Py_CLEAR(c->sess_index); Py_CLEAR(c->parked);
     Py_CLEAR(c->on_evict); Py_CLEAR(c->on_event); Py_CLEAR(c->hooks);
     for (Py_ssize_t i = 0; i < c->sess_top; i++) Py_CLEAR(c->sess[i].sid);
     return 0;
@@ -1283,6 +1345,7 @@ static void Core_dealloc(Core *c) {
     for (Py_ssize_t i = 0; i < c->sess_top; i++) { Py_XDECREF(c->sess[i].sid); free(c->sess[i].blocks); free(c->sess[i].gens); }
     if (c->own_v) for (Py_ssize_t b = 0; b < c->nb; b++) free(c->own_v[b]);
     free(c->sess); free(c->free_slots); free(c->own_n); free(c->own_cap); free(c->own_in); free(c->own_v); free(c->gen);
+    free(c->nidx); free(c->nhash);
     free(c->heap); free(c->ref); free(c->names); free(c->ids); free(c->pairs); free(c->empty); free(c->freed_at);
     free(c->prev); free(c->next); free(c->in_lru); free(c->is_parked); free(c->rank); free(c->ep_tick); free(c->mark);
     Py_TYPE(c)->tp_free((PyObject *)c);

@@ -65,7 +65,7 @@ def random_op(rng, chains, held, sessions):
         def fill(c, h):
             hits = c.acquire(chain, s)
             try:
-                new = c.allocate(len(chain) - len(hits))
+                new = c.allocate(len(chain) - len(hits), ascending=by_run)   # the engine's way when by_run
             except NoFreeBlocks:
                 c.free(hits)
                 raise
@@ -132,8 +132,8 @@ def random_op(rng, chains, held, sessions):
                 h.append(h[-1][:1])
         return "share", share
     if k < 0.96:
-        n = rng.randint(0, 20)
-        return "allocate_free", lambda c, h: c.allocate(n)
+        n, ascending = rng.randint(0, 20), rng.random() < 0.5
+        return "allocate_free", lambda c, h: c.allocate(n, ascending)
     if k < 0.98:
         return "clear", lambda c, h: c.clear()
     bad = rng.choice([("free_bad", lambda c, h: c.free([rng_b])), ("share_bad", lambda c, h: c.share([rng_b])),

@@ -72,7 +72,8 @@ def plan(core: "EngineCore", until: float, max_steps: int) -> DecodeRun | None:
     The core has checked that no request has a stop checker (stop strings need every token)."""
     ex = cast(DecodeExecutor, core.executor)
     sch = core.scheduler
-    if any(getattr(o, "every_step", True) for o in core.observers) or not hasattr(ex, "decode_costs") or max_steps < 1:
+    if (core.observers and any(getattr(o, "every_step", True) for o in core.observers)) \
+            or not hasattr(ex, "decode_costs") or max_steps < 1:
         return None
     if sch.waiting and len(sch.running) + len(sch.loading) < sch.max_num_seqs:
         return None                          # a waiting request might be admitted
@@ -130,11 +131,21 @@ def apply(core: "EngineCore", run: DecodeRun, m: int) -> None:
     n = len(seqs)
     attended = sum(ln + j0 for ln in lens)   # context over the batch at step j0: computed + 1 each
     # may_append acts only at a sequence's first step here (a commit left by its last step) and
-    # where its computed tokens reach a block boundary (a block to name, a block to take)
-    events = sorted((j, i) for i, ln in enumerate(lens)
-                    for j in {j0, *range(j0 + (-(ln - 1 + j0)) % bs, j1, bs)} if j < j1)
+    # where its computed tokens reach a block boundary (a block to name, a block to take); in
+    # (step, sequence) order, as the keys j * n + i sort
+    keys: list[int] = []
+    for i in range(n):
+        keys.append(j0 * n + i)
+        j = j0 + (-(lens[i] - 1 + j0)) % bs
+        if j == j0:
+            j += bs
+        while j < j1:
+            keys.append(j * n + i)
+            j += bs
+    keys.sort()
     clock_at = j0
-    for j, i in events:
+    for key in keys:
+        j, i = key // n, key % n
         if j > clock_at:
             ex.advance_decode(n, attended + n * (clock_at - j0), run.costs[clock_at:j])
             clock_at = j

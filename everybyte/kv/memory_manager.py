@@ -51,6 +51,7 @@ class KVMemoryManager(SessionOps):
         self.sessions = SessionTable(max_sessions, session_idle_s, clock.time)
         self.offload_on_park = offload_on_park
         self.seqs: dict[int, SeqKV] = {}              # seq_id -> its KV state (from its first lookup)
+        self._last_state: SeqKV | None = None         # the last one _state gave (while in seqs)
         self.query_tokens = self.hit_tokens = 0       # prompt tokens looked up / found in any tier
         self.mover = mover or pool_mover(pool, self.tiers, load_timeout_s, clock)
         self._loaded_from: dict[int, str] = {}        # G1 block -> tier a job loaded it from, until reused
@@ -72,9 +73,13 @@ class KVMemoryManager(SessionOps):
         return {i: st for i, st in self.seqs.items() if st.load is not None}
 
     def _state(self, seq: KVSequence) -> SeqKV:
+        st = self._last_state                   # a step asks for the same sequence's several times
+        if st is not None and st.seq is seq:
+            return st
         st = self.seqs.get(seq.seq_id)
         if st is None:
             st = self.seqs[seq.seq_id] = SeqKV(seq)
+        self._last_state = st
         return st
 
     def names_of(self, seq: KVSequence) -> list[bytes]:
@@ -240,6 +245,7 @@ class KVMemoryManager(SessionOps):
             self.sessions.record_context(sid, seq.num_computed_tokens, names if n == len(names) else names[:n])
         self.cache.free(seq.block_table)
         self.seqs.pop(seq.seq_id, None)
+        self._last_state = None
         seq.block_table, seq.num_computed_tokens, seq.kv_stored_until = [], 0, 0
 
     def _commit(self, seq: KVSequence, st: SeqKV | None = None) -> None:

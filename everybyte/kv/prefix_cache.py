@@ -157,8 +157,9 @@ class PrefixCache(PrefixSessions):
     def can_allocate(self, n: int) -> bool:
         return n <= self.num_free_blocks
 
-    def allocate(self, n: int = 1) -> list[int]:
-        """n fresh blocks (ref count 1, unnamed): empty blocks first, then evicted cached ones."""
+    def allocate(self, n: int = 1, ascending: bool = False) -> list[int]:
+        """n fresh blocks (ref count 1, unnamed): empty blocks first, then evicted cached ones; in
+        that order, or by id when ascending (a sequence's blocks then tend to be consecutive)."""
         if n > self.num_free_blocks:
             raise NoFreeBlocks(f"need {n} blocks, {self.num_free_blocks} free or evictable")
         out: list[int] = []
@@ -166,6 +167,8 @@ class PrefixCache(PrefixSessions):
             b = self.empty.popleft() if self.empty else self._evict_one()[0]
             self.ref[b] = 1
             out.append(b)
+        if ascending:
+            out.sort()
         return out
 
     def _evict_one(self) -> tuple[int, bytes]:

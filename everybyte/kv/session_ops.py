@@ -34,7 +34,7 @@ class SessionOps(BlockManager[KVSequence]):
     def _fresh(self, n: int) -> list[int]:
         """n fresh G1 blocks (ascending, so a sequence's blocks tend to be consecutive), after the
         blocks evicted for them are written down."""
-        blocks = sorted(self.cache.allocate(n)) if n > 0 else []
+        blocks = self.cache.allocate(n, True) if n > 0 else []
         self._flush()
         return blocks
 

@@ -761,30 +761,36 @@ static PyObject *Core_share(Core *c, PyObject *ids) {
     free(a);
     Py_RETURN_NONE;
 }
-static PyObject *Core_allocate(Core *c, PyObject *args) {
+static int cmp_i32(const void *x, const void *y) { int32_t a = *(const int32_t *)x, b = *(const int32_t *)y; return (a > b) - (a < b); }
+static PyObject *Core_allocate(Core *c, PyObject *args, PyObject *kw) {
+    static char *kwl[] = {"n", "ascending", NULL};
     Py_ssize_t n = 1;
-    if (!PyArg_ParseTuple(args, "|n", &n)) return NULL;
+    int ascending = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|np", kwl, &n, &ascending)) return NULL;
     Py_ssize_t free_n = c->e_len + pf_len(c);
     if (n > free_n) {
         PyObject *msg = PyUnicode_FromFormat("need %zd blocks, %zd free or evictable", n, free_n);
         if (msg) { PyErr_SetObject(c->no_free, msg); Py_DECREF(msg); }
         return NULL;
     }
-    PyObject *l = PyList_New(0);
-    if (!l) return NULL;
-    for (Py_ssize_t k = 0; k < n; k++) {
+    int32_t *a = malloc((n > 0 ? n : 1) * sizeof(int32_t));
+    if (!a) return PyErr_NoMemory();
+    Py_ssize_t k = 0;
+    for (; k < n; k++) {
         int32_t b;
         if (c->e_len) b = empty_popleft(c);
         else {
             PyObject *name = evict_one(c, &b);
-            if (!name) { Py_DECREF(l); return NULL; }
+            if (!name) break;                  /* the blocks taken so far stay taken, as in the reference */
             Py_DECREF(name);
         }
         c->ref[b] = 1;
-        PyObject *v = block_obj(c, b);
-        if (!v || PyList_Append(l, v) < 0) { Py_XDECREF(v); Py_DECREF(l); return NULL; }
-        Py_DECREF(v);
+        a[k] = b;
     }
+    if (k < n) { free(a); return NULL; }
+    if (ascending) qsort(a, n, sizeof(int32_t), cmp_i32);
+    PyObject *l = int_list(c, a, n);
+    free(a);
     return l;
 }
 static PyObject *Core_evict(Core *c, PyObject *args) {
@@ -1053,7 +1059,6 @@ static PyObject *Core_unpark(Core *c, PyObject *sid) {
     slot_release(c, o);
     return out;
 }
-static int cmp_i32(const void *x, const void *y) { int32_t a = *(const int32_t *)x, b = *(const int32_t *)y; return (a > b) - (a < b); }
 static PyObject *Core_drop(Core *c, PyObject *args, PyObject *kw) {
     static char *kwl[] = {"session_id", "keep", NULL};
     PyObject *sid, *keep = Py_None;
@@ -1263,7 +1268,7 @@ static PyMethodDef Core_methods[] = {
     {"refresh", (PyCFunction)(void (*)(void))Core_refresh, METH_VARARGS | METH_KEYWORDS, NULL},
     {"count_hits", (PyCFunction)Core_count_hits, METH_VARARGS, NULL},
     {"share", (PyCFunction)Core_share, METH_O, NULL},
-    {"allocate", (PyCFunction)Core_allocate, METH_VARARGS, NULL},
+    {"allocate", (PyCFunction)(void (*)(void))Core_allocate, METH_VARARGS | METH_KEYWORDS, NULL},
     {"evict", (PyCFunction)Core_evict, METH_VARARGS, NULL},
     {"evict_blocks", (PyCFunction)Core_evict_blocks, METH_O, NULL},
     {"commit", (PyCFunction)(void (*)(void))Core_commit, METH_VARARGS | METH_KEYWORDS, NULL},

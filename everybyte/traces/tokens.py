@@ -103,6 +103,7 @@ class SessionPrompts:
         self.marker = _marker(space.low, space.high, _scoped_key(scope, run_marker, instance))
         self.prompts: dict[int, list[int]] = {}
         self.spans: dict[int, list[tuple]] = {}    # (rec_start, rec_end, act_start, act_end, kind, turn)
+        self.native: Any = _compiled()             # what content() calls per turn, resolved once
 
     def content(self, k: int, rec_a: int, rec_b: int, n: int | None = None) -> list[int]:
         """Tokens for recorded input positions [rec_a, rec_b) of turn k (only the last n if given):
@@ -112,12 +113,13 @@ class SessionPrompts:
         start = first if n is None else max(first, end - n)
         if end <= start:
             return []
-        compiled = _compiled()
+        compiled = self.native
         if compiled is None:
             return self.content_numpy(k, rec_a, start, end)
+        space = self.space
         return compiled.content(self.session.turns[k].hash_ids, start, end, float(sc.token_scale), rec_a,
                                 self.session.block_size, ((-1 - k) * _A) & _M64, self.ns_blocks, self.ns_unique,
-                                self.space.low, self.space.high - self.space.low)
+                                space.low, space.high - space.low)
 
     def content_numpy(self, k: int, rec_a: int, start: int, end: int) -> list[int]:
         """content() for scaled positions [start, end), vectorized (splitmix64 in uint64 wraps like

@@ -185,10 +185,15 @@ static void mix_block(const uint8_t digest[16], const uint8_t *parent, const uin
         b = fmix64(b + w);
     }
     uint64_t lo = fmix64(a ^ rotl(b, 29) ^ (uint64_t)nbytes), hi = fmix64(b ^ rotl(a, 17) ^ ((uint64_t)nbytes * MIX_A));
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memcpy(out, &lo, 8);
+    memcpy(out + 8, &hi, 8);
+#else
     for (int k = 0; k < 8; k++) {
         out[k] = (uint8_t)(lo >> (8 * k));
         out[8 + k] = (uint8_t)(hi >> (8 * k));
     }
+#endif
 }
 
 /* METH_FASTCALL: the arguments are read here, not parsed from a format (that was a fifth of a call).

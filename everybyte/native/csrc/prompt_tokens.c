@@ -101,6 +101,37 @@ static PyObject *content(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     }
     long long cached_block = -1, block = 0, block_lo = 0, block_hi = 0;   /* block holds [lo, hi) */
     uint64_t cached_id = 0;
+    if (scale == 1.0 && use_shared) {
+        /* the common case, a block at a time: positions s < hi share max(s, rec_a)'s block, so its
+           key and namespace are read once and the inner loop is the two mixes and a shared int */
+        PyObject **dst = ((PyListObject *)out)->ob_item;
+        for (long long s = start; s < end;) {
+            long long at = s > rec_a ? s : rec_a;
+            block = at / block_size;
+            long long hi = (block + 1) * block_size, stop = hi < end ? hi : end;
+            uint64_t base, ns;
+            if (block < nh) {
+                base = (uint64_t)PyLong_AsUnsignedLongLongMask(items[block]);
+                if (base == (uint64_t)-1 && PyErr_Occurred()) {
+                    Py_DECREF(out);
+                    Py_DECREF(seq);
+                    return NULL;
+                }
+                base *= MUL_A;
+                ns = ns_blocks;
+            } else {
+                base = unhashed;
+                ns = ns_unique;
+            }
+            for (; s < stop; s++) {
+                PyObject *tok = shared[mix(mix(base + (uint64_t)s) ^ ns) % span];
+                Py_INCREF(tok);
+                dst[s - start] = tok;
+            }
+        }
+        Py_DECREF(seq);
+        return out;
+    }
     for (long long s = start; s < end; s++) {
         long long pos = scale == 1.0 ? s : (long long)((double)s * scale);
         long long at = pos > rec_a ? pos : rec_a;

@@ -187,7 +187,7 @@ def compiled_names() -> Any:
     hashlib then."""
     if os.environ.get("EVERYBYTE_NATIVE_NAMES", "1") == "0":
         return None
-    return loader.try_module("block_names", "compiled block names", "hashlib")[0]
+    return loader.try_module("block_names", "compiled block names", "hashlib", headers=("name_hash.h",))[0]
 
 
 def name_hex(name: bytes) -> str:

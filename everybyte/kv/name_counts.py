@@ -58,7 +58,7 @@ class NameCounts:
 def _native() -> Any:
     if os.environ.get("EVERYBYTE_NATIVE_NAMES", "1") == "0":
         return None
-    return loader.try_module("name_counts", "compiled name counts", "a dict")[0]
+    return loader.try_module("name_counts", "compiled name counts", "a dict", headers=("name_hash.h",))[0]
 
 
 def new_name_counts() -> Counts:

@@ -96,7 +96,8 @@ _why: list[str] = []
 @functools.cache
 def native_prefix_cache_class() -> Any:
     """The compiled PrefixCache class, or None (the reason in native_unavailable_reason())."""
-    module, why = loader.try_module("prefix_core", "compiled prefix cache", "the Python PrefixCache")
+    module, why = loader.try_module("prefix_core", "compiled prefix cache", "the Python PrefixCache",
+                                   headers=("name_hash.h",))
     if module is None:
         _why.append(why or "unknown")
         return None

@@ -113,6 +113,8 @@ def try_build(what: str, fallback: str, build: Callable[[], T]) -> tuple[T | Non
         return None, why
 
 
-def try_module(name: str, what: str, fallback: str) -> tuple[ModuleType | None, str | None]:
-    """csrc/<name>.c as the extension module `name` (load_module), or (None, why) as try_build says."""
-    return try_build(what, fallback, lambda: load_module(name, csrc(f"{name}.c")))
+def try_module(name: str, what: str, fallback: str,
+               headers: tuple[str, ...] = ()) -> tuple[ModuleType | None, str | None]:
+    """csrc/<name>.c (after csrc/<headers>, joined in front) as the extension module `name`
+    (load_module), or (None, why) as try_build says."""
+    return try_build(what, fallback, lambda: load_module(name, csrc(*headers, f"{name}.c")))

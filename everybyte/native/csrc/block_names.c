@@ -12,7 +12,7 @@
  * common_prefix(a, b, limit) -> int
  * how many leading items of the lists a and b are equal, at most limit (kv/name_memo's check that
  * a new prompt starts with the context whose names it kept): no slices, and shared int objects
- * compare by identity before value. */
+ * compare by identity before value. Built after name_hash.h (fmix64). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
@@ -151,13 +151,6 @@ static inline void store32(uint8_t *p, uint32_t u) {         /* little-endian */
 static Py_ssize_t arg_ssize(PyObject *o) { return PyNumber_AsSsize_t(o, PyExc_OverflowError); }
 
 /* ---- mix128: a fast name that is not collision-resistant against crafted input -------------------- */
-static inline uint64_t fmix64(uint64_t x) {          /* MurmurHash3's 64-bit finalizer */
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ULL;
-    return x ^ (x >> 33);
-}
 static inline uint64_t rotl(uint64_t x, int n) { return (x << n) | (x >> (64 - n)); }
 #define MIX_A 0x9e3779b97f4a7c15ULL
 #define MIX_B 0xd6e8feb86659fd93ULL

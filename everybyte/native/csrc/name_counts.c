@@ -5,7 +5,7 @@
  * NameCounts(): add(names, start, delta): counts[n] += delta for each n in names[start:] (an
  * absent name counts 0 when delta > 0, else it is a KeyError), removed at 0 or less; get(name)
  * -> int (0 when absent); keys() -> list; counts[name] (KeyError when absent); len(); `in`.
- * Keys must be bytes. */
+ * Keys must be bytes. Built after name_hash.h (fmix64, bytes_hash, shift_moves). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
@@ -22,29 +22,6 @@ typedef struct {
     Slot *slots;
     Py_ssize_t cap, len;    /* cap: a power of two */
 } Counts;
-
-static inline uint64_t fmix64(uint64_t x) {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ULL;
-    return x ^ (x >> 33);
-}
-
-static uint64_t hash_bytes(const char *p, Py_ssize_t n) {
-    uint64_t h = 0x9e3779b97f4a7c15ULL ^ (uint64_t)n, w;
-    Py_ssize_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        memcpy(&w, p + i, 8);
-        h = fmix64(h ^ w);
-    }
-    if (i < n) {
-        w = 0;
-        memcpy(&w, p + i, (size_t)(n - i));
-        h = fmix64(h ^ w ^ 0xd6e8feb86659fd93ULL);
-    }
-    return h;
-}
 
 /* the slot holding key, or the free slot where it would go */
 static Slot *find(Counts *c, PyObject *key, uint64_t h) {
@@ -87,8 +64,7 @@ static void remove_slot(Counts *c, Slot *s) {
         Slot *t = &c->slots[j];
         if (!t->key) break;
         Py_ssize_t home = (Py_ssize_t)(t->h & (uint64_t)mask);
-        /* t may move to i when i lies cyclically in [home, j) */
-        if ((j > i && (home <= i || home > j)) || (j < i && home <= i && home > j)) {
+        if (shift_moves(i, j, home)) {
             c->slots[i] = *t;
             i = j;
         }
@@ -117,7 +93,7 @@ static PyObject *Counts_add(Counts *c, PyObject *const *args, Py_ssize_t nargs) 
         PyObject *key = PySequence_Fast_GET_ITEM(fast, i);
         if (check_key(key) < 0) goto fail;
         if (2 * (c->len + 1) > c->cap && grow(c) < 0) goto fail;     /* at most half full */
-        uint64_t h = hash_bytes(PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key));
+        uint64_t h = bytes_hash(PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key));
         Slot *s = find(c, key, h);
         if (!s->key) {
             if (delta <= 0) {
@@ -139,7 +115,7 @@ fail:
 
 static Slot *lookup(Counts *c, PyObject *key) {         /* NULL: absent (or not bytes, error set) */
     if (check_key(key) < 0 || !c->cap) return NULL;
-    Slot *s = find(c, key, hash_bytes(PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key)));
+    Slot *s = find(c, key, bytes_hash(PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key)));
     return s->key ? s : NULL;
 }
 

@@ -10,7 +10,8 @@
  * which rank. Owners of a block are slot numbers in a small array. Nothing depends on the order
  * of owners or of a session's entries: a session's blocks are ordered by (free tick, block id),
  * as the reference orders them. The LRU is an intrusive list, the parked side a heap of runs
- * keyed by (-rank, first tick) as in kv/parked_runs.
+ * keyed by (-rank, first tick) as in kv/parked_runs. Built after name_hash.h (fmix64, bytes_hash,
+ * shift_moves).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -336,20 +337,8 @@ static void empty_append(Core *c, int32_t b) { c->empty[(c->e_head + c->e_len++)
 static int32_t empty_popleft(Core *c) { int32_t b = c->empty[c->e_head]; c->e_head = (c->e_head + 1) % c->nb; c->e_len--; return b; }
 
 /* ---- the name index (the reference's by_name dict) ------------------------------------------------ */
-static inline uint64_t fmix64(uint64_t x) {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ULL;
-    return x ^ (x >> 33);
-}
 static uint64_t name_hash(PyObject *name) {       /* name: bytes */
-    const char *p = PyBytes_AS_STRING(name);
-    Py_ssize_t n = PyBytes_GET_SIZE(name), i = 0;
-    uint64_t h = 0x9e3779b97f4a7c15ULL ^ (uint64_t)n, w;
-    for (; i + 8 <= n; i += 8) { memcpy(&w, p + i, 8); h = fmix64(h ^ w); }
-    if (i < n) { w = 0; memcpy(&w, p + i, (size_t)(n - i)); h = fmix64(h ^ w ^ 0xd6e8feb86659fd93ULL); }
-    return h;
+    return bytes_hash(PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name));
 }
 /* the block named key (bytes, hashed h), or -1 */
 static int32_t index_find(Core *c, PyObject *key, uint64_t h) {
@@ -384,7 +373,7 @@ static int index_remove(Core *c, int32_t b) {
         int32_t t = c->nidx[j];
         if (t < 0) break;
         Py_ssize_t home = (Py_ssize_t)(c->nhash[t] & (uint64_t)mask);
-        if ((j > i && (home <= i || home > j)) || (j < i && home <= i && home > j)) {   /* i lies in [home, j) */
+        if (shift_moves(i, j, home)) {
             c->nidx[i] = t;
             i = j;
         }

@@ -46,7 +46,7 @@ def outcome(fn):
 
 def state(c):
     return {"order": c.evictable_order(), "counts": c.counts(), "names": list(c.names),
-            "ref": [c.ref_count(b) for b in range(c.num_blocks)], "stats": dict(c.stats),
+            "ref": [c.ref_count(b) for b in range(c.num_blocks)], "ref_view": list(c.ref), "stats": dict(c.stats),
             "unreferenced": c.count_unreferenced([b for b in range(c.num_blocks) if b % 3]),
             "owners": {b: set(o) for b, o in c.owners.items()},
             "sessions": {s: set(v) for s, v in c.session_blocks.items()}, "parked": dict(c.parked),
@@ -61,9 +61,10 @@ def random_op(rng, chains, held, sessions):
     if k < 0.24:
         by_run = rng.random() < 0.5
         tokens = list(range(4 * len(chain)))
+        limit = rng.choice([None, None, rng.randint(-1, len(chain) + 1)])    # a hit may cover only a prefix
 
         def fill(c, h):
-            hits = c.acquire(chain, s)
+            hits = c.acquire(chain, s, limit)
             try:
                 new = c.allocate(len(chain) - len(hits), ascending=by_run)   # the engine's way when by_run
             except NoFreeBlocks:

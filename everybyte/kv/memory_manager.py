@@ -119,10 +119,10 @@ class KVMemoryManager(SessionOps):
             self.cache.unpark(sid)
         self.expire_sessions(keep=sid)
         st = self._state(seq)
-        names = self._reusable(seq, st)
-        hits = self.cache.acquire(names, sid)
+        names, usable = self._names(st), self._usable(seq)      # the first `usable` names: what a hit may cover
+        hits = self.cache.acquire(names, sid, usable)
         n_hits = len(hits)
-        adopted = self.mover.in_flight(names[n_hits:]) if self.mover.inflight else []   # blocks a job is loading
+        adopted = self.mover.in_flight(names[n_hits:usable]) if self.mover.inflight else []   # blocks a job is loading
         shared = [job.blocks[i] for job, i in adopted]
         if shared:
             self.cache.share(shared)
@@ -135,7 +135,7 @@ class KVMemoryManager(SessionOps):
         table += self._fresh(self.blocks_for(len(seq)) - known)
         seq.block_table = table
         jobs = {job for job, _ in adopted}
-        if self.tiers.tiers and (n := self.tiers.may_hold(names[known:])):     # (TierSet's len is Python)
+        if self.tiers.tiers and (n := self.tiers.may_hold(names[known:usable])):     # (TierSet's len is Python)
             fresh = table[known:known + n]
             self.cache.share(fresh)
             jobs.add(self.mover.start(names[known:known + n], fresh, sid))

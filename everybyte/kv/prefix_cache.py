@@ -102,9 +102,10 @@ class PrefixCache(PrefixSessions):
             pass
         return hits  # type: ignore[return-value]
 
-    def acquire(self, names: Sequence[bytes], owner: Hashable = ANON) -> list[int]:
-        """Take a reference on every block of the longest cached prefix of `names`."""
-        hits, _ = self._claim(names, owner)
+    def acquire(self, names: Sequence[bytes], owner: Hashable = ANON, limit: int | None = None) -> list[int]:
+        """Take a reference on every block of the longest cached prefix of `names` (of its first
+        `limit` names when given: the caller's list is not copied)."""
+        hits, _ = self._claim(names if limit is None else names[:max(limit, 0)], owner)
         ref = self.ref
         for b in hits:
             ref[b] += 1

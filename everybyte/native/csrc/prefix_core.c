@@ -3,8 +3,10 @@
  * kv/prefix_core.py wraps it; the Python classes stay the reference (tests/test_prefix_core.py
  * drives both with the same random operations and compares every result).
  *
- * State per block id lives in C arrays (reference count, name, LRU links, parked rank and tick,
- * free tick, owners); names stay Python bytes. A session (an owner other than None and SHARED)
+ * State per block id lives in one 64-byte struct (Blk: reference count, name, LRU links, parked
+ * flag and tick, free tick, the first owners), the colder parts in arrays (more owners, the
+ * block's int and (block, name) pair, its name's hash, its parked rank); names stay Python
+ * bytes. A session (an owner other than None and SHARED)
  * gets a slot in a table: its blocks as a list of (block, generation) entries, an entry going
  * stale when the block is forgotten (its generation moves on), and whether it is parked with
  * which rank. Owners of a block are slot numbers in a small array. Nothing depends on the order
@@ -28,6 +30,11 @@ typedef struct {
     Py_ssize_t n, i;        /* i: first element not consumed */
 } Run;
 
+/* a slot of the name index: the block and the low half of its name's hash (its home slot and a
+   tag), so a probe passing other names and a deletion shifting them read only the index, not
+   their blocks' names and hashes (cache misses at scale) */
+typedef struct { int32_t b; uint32_t lo; } Slot;
+
 #define OWN_ANON (-1)        /* the owner None: requests without a session */
 #define OWN_SHARED (-2)      /* SHARED: too many owners to track */
 #define OWN_INLINE 2         /* owners held in the block's own slots (most blocks have one) */
@@ -41,40 +48,46 @@ typedef struct {
     double rank;            /* park_rank of its expected return, while parked */
 } Sess;
 
+/* what a claim, a free or an eviction reads and writes of block b, in one cache line (an array
+   per field was a cache miss per field at scale) */
+typedef struct {
+    int32_t ref;
+    int32_t own_n;          /* how many owners the block has; -1: no entry (the reference's owners.get(b) is None) */
+    int32_t own_cap;        /* OWN_INLINE: they are in own_in, else in own_v[b] */
+    int32_t own_in[2];
+    uint32_t gen;           /* moves on when the block is forgotten */
+    int32_t prev, next;     /* LRU, oldest at head */
+    PyObject *name;         /* NULL or bytes (owned) */
+    int64_t freed_at;
+    int64_t ep_tick;        /* ParkedFirst._evictable_parked (-1: absent) */
+    uint8_t in_lru;
+    uint8_t is_parked;      /* ParkedFirst._parked */
+    uint8_t mark;           /* scratch */
+} Blk;
+
 typedef struct {
     PyObject_HEAD
-    Py_ssize_t nb;
-    int32_t *ref;
-    PyObject **names;       /* NULL or bytes (owned) */
-    int32_t *own_n;         /* how many owners block b has; -1: no entry (the reference's owners.get(b) is None) */
-    int32_t *own_cap;       /* OWN_INLINE: they are in own_in[b], else in own_v[b] */
-    int32_t (*own_in)[2];
-    int32_t **own_v;        /* its owners: OWN_ANON, OWN_SHARED or a session slot */
-    uint32_t *gen;          /* moves on when block b is forgotten */
+    Py_ssize_t nb, blk_stride;
+    Blk *blk;
+    int32_t **own_v;        /* block b's owners when more than OWN_INLINE: OWN_ANON, OWN_SHARED or a session slot */
     Sess *sess;             /* session slots */
     Py_ssize_t sess_cap, sess_top, n_free_slots;
     int32_t *free_slots;
     PyObject *sess_index;   /* dict session -> its slot (int) */
     PyObject **ids;         /* NULL or block b's int object (owned), made on first use */
     PyObject **pairs;       /* NULL or the last (block, name) tuple made for block b (owned) */
-    int32_t *nidx;          /* the name index: open addressing over named blocks (-1: free slot) */
+    Slot *nidx;             /* the name index: open addressing over named blocks (b -1: free slot) */
     uint64_t *nhash;        /* block b's name hashed (name_hash), while it is named */
     Py_ssize_t nmask, nlen; /* index size - 1 (a power of two, at least twice nb: it never fills) */
     PyObject *parked;       /* dict session -> expected return (float or None) */
     int32_t *empty;         /* ring buffer */
     Py_ssize_t e_head, e_len;
-    int64_t *freed_at;
     int64_t tick;
-    int32_t *prev, *next;   /* LRU, oldest at head */
-    uint8_t *in_lru;
     int32_t lru_head, lru_tail;
     Py_ssize_t lru_len;
-    uint8_t *is_parked;     /* ParkedFirst._parked */
     double *rank;
-    int64_t *ep_tick;       /* ParkedFirst._evictable_parked (-1: absent) */
     Py_ssize_t ep_len;
     int64_t ptick;
-    uint8_t *mark;          /* scratch */
     Run **heap;
     Py_ssize_t heap_len, heap_cap, runs_size;
     PyObject *on_evict, *on_event, *hooks, *shared, *no_free;
@@ -84,22 +97,22 @@ typedef struct {
 
 /* ---- LRU ----------------------------------------------------------------------------------- */
 static void lru_unlink(Core *c, int32_t b) {
-    int32_t p = c->prev[b], n = c->next[b];
-    if (p >= 0) c->next[p] = n; else c->lru_head = n;
-    if (n >= 0) c->prev[n] = p; else c->lru_tail = p;
-    c->in_lru[b] = 0;
+    int32_t p = c->blk[b].prev, n = c->blk[b].next;
+    if (p >= 0) c->blk[p].next = n; else c->lru_head = n;
+    if (n >= 0) c->blk[n].prev = p; else c->lru_tail = p;
+    c->blk[b].in_lru = 0;
     c->lru_len--;
 }
 static void lru_append(Core *c, int32_t b) {
-    c->prev[b] = c->lru_tail;
-    c->next[b] = -1;
-    if (c->lru_tail >= 0) c->next[c->lru_tail] = b; else c->lru_head = b;
+    c->blk[b].prev = c->lru_tail;
+    c->blk[b].next = -1;
+    if (c->lru_tail >= 0) c->blk[c->lru_tail].next = b; else c->lru_head = b;
     c->lru_tail = b;
-    c->in_lru[b] = 1;
+    c->blk[b].in_lru = 1;
     c->lru_len++;
 }
-static void lru_insert(Core *c, int32_t b) { if (c->in_lru[b]) lru_unlink(c, b); lru_append(c, b); }
-static void lru_remove(Core *c, int32_t b) { if (c->in_lru[b]) lru_unlink(c, b); }
+static void lru_insert(Core *c, int32_t b) { if (c->blk[b].in_lru) lru_unlink(c, b); lru_append(c, b); }
+static void lru_remove(Core *c, int32_t b) { if (c->blk[b].in_lru) lru_unlink(c, b); }
 static int32_t lru_pop(Core *c) {
     int32_t b = c->lru_head;
     if (b >= 0) lru_unlink(c, b);
@@ -163,7 +176,7 @@ static int32_t runs_pop(Core *c) {
         while (i < r->n) {
             int32_t b = r->blocks[i];
             i++;
-            if (c->ep_tick[b] == r->ticks[i - 1]) {
+            if (c->blk[b].ep_tick == r->ticks[i - 1]) {
                 r->i = i;
                 c->runs_size -= i - start;
                 if (i == r->n) heap_pop_top(c);
@@ -182,7 +195,7 @@ static int runs_compact(Core *c) {
         Run *r = c->heap[h];
         Py_ssize_t w = 0;
         for (Py_ssize_t k = r->i; k < r->n; k++)
-            if (c->ep_tick[r->blocks[k]] == r->ticks[k]) { r->blocks[w] = r->blocks[k]; r->ticks[w] = r->ticks[k]; w++; }
+            if (c->blk[r->blocks[k]].ep_tick == r->ticks[k]) { r->blocks[w] = r->blocks[k]; r->ticks[w] = r->ticks[k]; w++; }
         if (w) { r->n = w; r->i = 0; r->key = r->ticks[0]; c->heap[kept++] = r; size += w; }
         else free_run(r);
     }
@@ -195,9 +208,9 @@ static int runs_compact(Core *c) {
 /* ---- ParkedFirst(LRUPolicy()) ----------------------------------------------------------------- */
 static Py_ssize_t pf_len(Core *c) { return c->ep_len + c->lru_len; }
 static int pf_insert(Core *c, int32_t b) {
-    if (c->is_parked[b]) {
-        if (c->ep_tick[b] < 0) c->ep_len++;
-        int64_t t = c->ep_tick[b] = c->ptick++;
+    if (c->blk[b].is_parked) {
+        if (c->blk[b].ep_tick < 0) c->ep_len++;
+        int64_t t = c->blk[b].ep_tick = c->ptick++;
         if (runs_push(c, c->rank[b], &b, 1, t) < 0) return -1;
         return runs_compact(c);
     }
@@ -205,29 +218,29 @@ static int pf_insert(Core *c, int32_t b) {
     return 0;
 }
 static void pf_remove(Core *c, int32_t b) {
-    if (c->ep_tick[b] >= 0) { c->ep_tick[b] = -1; c->ep_len--; }
+    if (c->blk[b].ep_tick >= 0) { c->blk[b].ep_tick = -1; c->ep_len--; }
     else lru_remove(c, b);
 }
 static int pf_set_parked(Core *c, int32_t b, double rank) {
-    int evictable = c->ep_tick[b] >= 0 || c->in_lru[b];
+    int evictable = c->blk[b].ep_tick >= 0 || c->blk[b].in_lru;
     pf_remove(c, b);
-    c->is_parked[b] = 1; c->rank[b] = rank;
+    c->blk[b].is_parked = 1; c->rank[b] = rank;
     return evictable ? pf_insert(c, b) : 0;
 }
 static void pf_unpark(Core *c, int32_t b) {
-    if (c->is_parked[b]) {
-        c->is_parked[b] = 0;
-        if (c->ep_tick[b] >= 0) { c->ep_tick[b] = -1; c->ep_len--; lru_insert(c, b); }
+    if (c->blk[b].is_parked) {
+        c->blk[b].is_parked = 0;
+        if (c->blk[b].ep_tick >= 0) { c->blk[b].ep_tick = -1; c->ep_len--; lru_insert(c, b); }
     }
 }
 static int32_t pf_pop(Core *c) {
     int32_t b = runs_pop(c);
     if (b < 0) return lru_pop(c);
-    c->ep_tick[b] = -1; c->ep_len--;
-    c->is_parked[b] = 0;
+    c->blk[b].ep_tick = -1; c->ep_len--;
+    c->blk[b].is_parked = 0;
     return b;
 }
-static void pf_touch(Core *c, int32_t b) { if (c->ep_tick[b] < 0 && c->in_lru[b]) { lru_unlink(c, b); lru_append(c, b); } }
+static void pf_touch(Core *c, int32_t b) { if (c->blk[b].ep_tick < 0 && c->blk[b].in_lru) { lru_unlink(c, b); lru_append(c, b); } }
 
 /* blocks leave the parked class (those with a NAN rank when ranks is given); the evictable ones
    go to the LRU tail in this order */
@@ -237,9 +250,9 @@ static int pf_unpark_many(Core *c, const int32_t *blocks, const double *ranks, P
     Py_ssize_t nback = 0;
     for (Py_ssize_t k = 0; k < n; k++) {
         int32_t b = blocks[k];
-        if ((ranks && !isnan(ranks[k])) || !c->is_parked[b]) continue;
-        c->is_parked[b] = 0;
-        if (c->ep_tick[b] >= 0) { c->ep_tick[b] = -1; c->ep_len--; back[nback++] = b; }
+        if ((ranks && !isnan(ranks[k])) || !c->blk[b].is_parked) continue;
+        c->blk[b].is_parked = 0;
+        if (c->blk[b].ep_tick >= 0) { c->blk[b].ep_tick = -1; c->ep_len--; back[nback++] = b; }
     }
     for (Py_ssize_t k = 0; k < nback; k++) lru_insert(c, back[k]);
     free(back);
@@ -249,7 +262,7 @@ static int pf_unpark_many(Core *c, const int32_t *blocks, const double *ranks, P
 static int pf_set_classes(Core *c, const int32_t *blocks, const double *ranks, Py_ssize_t n) {
     for (Py_ssize_t k = 0; k < n; k++) {
         int32_t b = blocks[k];
-        if (!isnan(ranks[k]) && c->ep_tick[b] < 0 && c->in_lru[b]) { lru_unlink(c, b); c->mark[b] = 1; }
+        if (!isnan(ranks[k]) && c->blk[b].ep_tick < 0 && c->blk[b].in_lru) { lru_unlink(c, b); c->blk[b].mark = 1; }
     }
     int32_t *run = malloc((n ? n : 1) * sizeof(int32_t));
     if (!run) { PyErr_NoMemory(); return -1; }
@@ -261,16 +274,16 @@ static int pf_set_classes(Core *c, const int32_t *blocks, const double *ranks, P
         int32_t b = blocks[k];
         double r = ranks[k];
         if (isnan(r)) continue;
-        c->is_parked[b] = 1; c->rank[b] = r;
-        if (c->ep_tick[b] >= 0 || c->mark[b]) {
-            if (c->ep_tick[b] < 0) c->ep_len++;
-            int64_t t = c->ep_tick[b] = c->ptick++;
+        c->blk[b].is_parked = 1; c->rank[b] = r;
+        if (c->blk[b].ep_tick >= 0 || c->blk[b].mark) {
+            if (c->blk[b].ep_tick < 0) c->ep_len++;
+            int64_t t = c->blk[b].ep_tick = c->ptick++;
             if (nrun && r != run_rank) { rc = runs_push(c, run_rank, run, nrun, run_tick); nrun = 0; }
             if (!nrun) { run_rank = r; run_tick = t; }
             run[nrun++] = b;
         }
     }
-    for (Py_ssize_t k = 0; k < n; k++) c->mark[blocks[k]] = 0;
+    for (Py_ssize_t k = 0; k < n; k++) c->blk[blocks[k]].mark = 0;
     if (rc == 0) rc = runs_push(c, run_rank, run, nrun, run_tick);
     free(run);
     if (rc == 0) rc = pf_unpark_many(c, blocks, ranks, n);
@@ -300,10 +313,19 @@ static Py_ssize_t block_array(Core *c, PyObject *seq, int32_t **out) {
     *out = a;
     return n;
 }
-/* a new reference to block b's int: one object per block, so lists of blocks allocate no ints */
+/* a new reference to block b's int: one object per block, so lists of blocks allocate no ints.
+   They are made ID_CHUNK at a time, so the ints of neighbouring blocks (a sequence's table is
+   mostly consecutive ids) lie side by side instead of wherever the heap was when each was first
+   asked for: a table's references then touch a few cache lines, not one per block */
+#define ID_CHUNK 128
 static PyObject *block_obj(Core *c, int32_t b) {
     PyObject *v = c->ids[b];
-    if (!v && !(v = c->ids[b] = PyLong_FromLong(b))) return NULL;
+    if (!v) {
+        Py_ssize_t lo = b - b % ID_CHUNK, hi = lo + ID_CHUNK < c->nb ? lo + ID_CHUNK : c->nb;
+        for (Py_ssize_t i = lo; i < hi; i++)
+            if (!c->ids[i] && !(c->ids[i] = PyLong_FromSsize_t(i))) return NULL;
+        v = c->ids[b];
+    }
     Py_INCREF(v);
     return v;
 }
@@ -344,10 +366,12 @@ static uint64_t name_hash(PyObject *name) {       /* name: bytes */
 static int32_t index_find(Core *c, PyObject *key, uint64_t h) {
     const char *p = PyBytes_AS_STRING(key);
     Py_ssize_t n = PyBytes_GET_SIZE(key);
+    uint32_t lo = (uint32_t)h;
     for (Py_ssize_t i = (Py_ssize_t)(h & (uint64_t)c->nmask);; i = (i + 1) & c->nmask) {
-        int32_t b = c->nidx[i];
+        int32_t b = c->nidx[i].b;
         if (b < 0) return -1;
-        PyObject *nm = c->names[b];
+        if (c->nidx[i].lo != lo) continue;
+        PyObject *nm = c->blk[b].name;
         if (nm == key || (c->nhash[b] == h && PyBytes_GET_SIZE(nm) == n && memcmp(PyBytes_AS_STRING(nm), p, (size_t)n) == 0))
             return b;
     }
@@ -358,8 +382,8 @@ static int32_t index_get(Core *c, PyObject *key) {
 }
 static void index_insert(Core *c, int32_t b, uint64_t h) {
     Py_ssize_t i = (Py_ssize_t)(h & (uint64_t)c->nmask);
-    while (c->nidx[i] >= 0) i = (i + 1) & c->nmask;
-    c->nidx[i] = b;
+    while (c->nidx[i].b >= 0) i = (i + 1) & c->nmask;
+    c->nidx[i] = (Slot){b, (uint32_t)h};
     c->nhash[b] = h;
     c->nlen++;
 }
@@ -367,18 +391,18 @@ static void index_insert(Core *c, int32_t b, uint64_t h) {
    lookup needs a tombstone); 0 when it was not there */
 static int index_remove(Core *c, int32_t b) {
     Py_ssize_t mask = c->nmask, i = (Py_ssize_t)(c->nhash[b] & (uint64_t)mask);
-    for (; c->nidx[i] != b; i = (i + 1) & mask) if (c->nidx[i] < 0) return 0;
+    for (; c->nidx[i].b != b; i = (i + 1) & mask) if (c->nidx[i].b < 0) return 0;
     for (Py_ssize_t j = i;;) {
         j = (j + 1) & mask;
-        int32_t t = c->nidx[j];
+        int32_t t = c->nidx[j].b;
         if (t < 0) break;
-        Py_ssize_t home = (Py_ssize_t)(c->nhash[t] & (uint64_t)mask);
+        Py_ssize_t home = (Py_ssize_t)(c->nidx[j].lo & (uint64_t)mask);
         if (shift_moves(i, j, home)) {
-            c->nidx[i] = t;
+            c->nidx[i] = c->nidx[j];
             i = j;
         }
     }
-    c->nidx[i] = -1;
+    c->nidx[i] = (Slot){-1, 0};
     c->nlen--;
     return 1;
 }
@@ -462,7 +486,7 @@ static int slot_add(Core *c, int32_t i, int32_t b) {
         if (s->n > 2 * s->live + 16) {             /* mostly stale: keep the live entries, in order */
             Py_ssize_t w = 0;
             for (Py_ssize_t k = 0; k < s->n; k++)
-                if (s->gens[k] == c->gen[s->blocks[k]]) { s->blocks[w] = s->blocks[k]; s->gens[w] = s->gens[k]; w++; }
+                if (s->gens[k] == c->blk[s->blocks[k]].gen) { s->blocks[w] = s->blocks[k]; s->gens[w] = s->gens[k]; w++; }
             s->n = w;
         } else {
             Py_ssize_t cap = s->cap ? 2 * s->cap : 16;
@@ -473,7 +497,7 @@ static int slot_add(Core *c, int32_t i, int32_t b) {
             s->gens = g; s->cap = cap;
         }
     }
-    s->blocks[s->n] = b; s->gens[s->n] = c->gen[b]; s->n++;
+    s->blocks[s->n] = b; s->gens[s->n] = c->blk[b].gen; s->n++;
     s->live++;
     return 0;
 }
@@ -483,9 +507,9 @@ static PyObject *slot_obj(Core *c, int32_t o) {      /* borrowed */
 
 /* ---- sessions (kv/prefix_sessions) ------------------------------------------------------------ */
 /* rank of a block: 1 with *rank set when every owner is a parked session, 0 when not */
-static int32_t *owners_of(Core *c, int32_t b) { return c->own_cap[b] > OWN_INLINE ? c->own_v[b] : c->own_in[b]; }
+static int32_t *owners_of(Core *c, int32_t b) { return c->blk[b].own_cap > OWN_INLINE ? c->own_v[b] : c->blk[b].own_in; }
 static int block_rank(Core *c, int32_t b, double *rank) {
-    int32_t n = c->own_n[b], *v = owners_of(c, b);
+    int32_t n = c->blk[b].own_n, *v = owners_of(c, b);
     if (n <= 0) return 0;
     double best = INFINITY;
     for (int32_t k = 0; k < n; k++) {
@@ -502,22 +526,22 @@ static int reclass(Core *c, int32_t b) {
 }
 /* the reference's _own with the owner's slot o (owner_slot): o among the users of block b */
 static int own(Core *c, int32_t b, int32_t o) {
-    int32_t n = c->own_n[b], *v = owners_of(c, b);
-    if (n < 0) n = c->own_n[b] = 0;
+    int32_t n = c->blk[b].own_n, *v = owners_of(c, b);
+    if (n < 0) n = c->blk[b].own_n = 0;
     for (int32_t k = 0; k < n; k++) if (v[k] == o || v[k] == OWN_SHARED) return 0;
     if (n >= c->max_owners) o = OWN_SHARED;
-    if (n == c->own_cap[b]) {                 /* more than fit: to (a bigger) own_v[b] */
+    if (n == c->blk[b].own_cap) {                 /* more than fit: to (a bigger) own_v[b] */
         int32_t cap = 2 * n;
         if (cap > c->max_owners + 1) cap = c->max_owners + 1;
         if (cap < n + 1) cap = n + 1;
         int32_t *t = realloc(n > OWN_INLINE ? v : NULL, cap * sizeof(int32_t));
         if (!t) { PyErr_NoMemory(); return -1; }
         if (n <= OWN_INLINE) memcpy(t, v, n * sizeof(int32_t));
-        c->own_v[b] = v = t; c->own_cap[b] = cap;
+        c->own_v[b] = v = t; c->blk[b].own_cap = cap;
     }
     if (o == OWN_SHARED && n) { v[n] = v[0]; v[0] = o; }   /* first: a widely shared block's scan stops at once */
     else v[n] = o;
-    c->own_n[b] = n + 1;
+    c->blk[b].own_n = n + 1;
     if (o >= 0) {
         if (slot_add(c, o, b) < 0) return -1;
         if (c->sess[o].parked) return reclass(c, b);
@@ -586,7 +610,7 @@ static Py_ssize_t session_order(Core *c, int32_t i, int32_t **out) {
     if (!ks || !a) { free(ks); free(a); PyErr_NoMemory(); return -1; }
     for (Py_ssize_t e = 0; s && e < s->n; e++) {
         int32_t b = s->blocks[e];
-        if (s->gens[e] == c->gen[b] && k < n) { ks[k].b = b; ks[k].key = c->freed_at[b]; k++; }
+        if (s->gens[e] == c->blk[b].gen && k < n) { ks[k].b = b; ks[k].key = c->blk[b].freed_at; k++; }
     }
     Keyed *sorted = keyed_sort(ks, ks + n, k);
     for (Py_ssize_t j = 0; j < k; j++) a[j] = sorted[j].b;
@@ -598,16 +622,16 @@ static Py_ssize_t session_order(Core *c, int32_t i, int32_t **out) {
 /* ---- forgetting and evicting ------------------------------------------------------------------ */
 /* a new reference to the name it had (or None) */
 static PyObject *forget(Core *c, int32_t b) {
-    PyObject *name = c->names[b];
-    c->names[b] = NULL;
+    PyObject *name = c->blk[b].name;
+    c->blk[b].name = NULL;
     if (name && index_remove(c, b)) {
         if (c->on_event != Py_None && hook(c, "emit_removed", Py_BuildValue("(O[O])", c->on_event, name)) < 0) {
             Py_DECREF(name); return NULL;
         }
     }
-    int32_t n = c->own_n[b];
-    c->own_n[b] = -1;
-    c->gen[b]++;                        /* every session's entry for it is stale now */
+    int32_t n = c->blk[b].own_n;
+    c->blk[b].own_n = -1;
+    c->blk[b].gen++;                        /* every session's entry for it is stale now */
     for (int32_t k = 0; k < n; k++) {
         int32_t o = owners_of(c, b)[k];
         if (o >= 0) { c->sess[o].live--; slot_release(c, o); }
@@ -636,25 +660,27 @@ static PyObject *evicted(Core *c, int32_t b, PyObject *name) {
 }
 static PyObject *evict_one(Core *c, int32_t *out) {
     int32_t b = pf_pop(c);
-    if (b < 0 || c->ref[b] != 0 || !c->names[b]) { PyErr_SetString(PyExc_AssertionError, "policy returned a block in use"); return NULL; }
+    if (b < 0 || c->blk[b].ref != 0 || !c->blk[b].name) { PyErr_SetString(PyExc_AssertionError, "policy returned a block in use"); return NULL; }
     *out = b;
-    PyObject *name = c->names[b];
+    PyObject *name = c->blk[b].name;
     Py_INCREF(name);
     PyObject *r = evicted(c, b, name);
     Py_DECREF(name);
     return r;
 }
 static int evictable(Core *c, const int32_t *blocks, Py_ssize_t n) {
-    for (Py_ssize_t k = 0; k < n; k++) c->freed_at[blocks[k]] = ++c->tick;
+    for (Py_ssize_t k = 0; k < n; k++) c->blk[blocks[k]].freed_at = ++c->tick;
     for (Py_ssize_t k = 0; k < n; k++) if (pf_insert(c, blocks[k]) < 0) return -1;
     return 0;
 }
 
 /* ---- methods ----------------------------------------------------------------------------------- */
-static Py_ssize_t lookup_into(Core *c, PyObject *names, int32_t **out, Py_ssize_t *total) {
+/* limit: only the first `limit` names (all when negative) */
+static Py_ssize_t lookup_into(Core *c, PyObject *names, Py_ssize_t limit, int32_t **out, Py_ssize_t *total) {
     PyObject *fast = PySequence_Fast(names, "names must be a sequence");
     if (!fast) return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(fast), k = 0;
+    if (limit >= 0 && limit < n) n = limit;
     PyObject **items = PySequence_Fast_ITEMS(fast);
     int32_t *a = malloc((n ? n : 1) * sizeof(int32_t));
     if (!a) { Py_DECREF(fast); PyErr_NoMemory(); return -1; }
@@ -662,7 +688,7 @@ static Py_ssize_t lookup_into(Core *c, PyObject *names, int32_t **out, Py_ssize_
         /* a prompt's blocks are mostly consecutive ids (fresh blocks come sorted): when the block
            after the previous hit holds this very name object, that is its index entry too */
         int32_t next = k ? a[k - 1] + 1 : -1;
-        if (next > 0 && next < c->nb && c->names[next] == items[k]) { a[k] = next; continue; }
+        if (next > 0 && next < c->nb && c->blk[next].name == items[k]) { a[k] = next; continue; }
         if ((a[k] = index_get(c, items[k])) < 0) break;
     }
     Py_DECREF(fast);
@@ -672,27 +698,37 @@ static Py_ssize_t lookup_into(Core *c, PyObject *names, int32_t **out, Py_ssize_
 }
 static PyObject *Core_lookup(Core *c, PyObject *names) {
     int32_t *a;
-    Py_ssize_t k = lookup_into(c, names, &a, NULL);
+    Py_ssize_t k = lookup_into(c, names, -1, &a, NULL);
     if (k < 0) return NULL;
     PyObject *l = int_list(c, a, k);
     free(a);
     return l;
 }
 /* the hits of acquire(), with owner among each one's users; idle ones (ref 0) out of the policy */
-static Py_ssize_t claim(Core *c, PyObject *names, PyObject *owner, int32_t **hits, int32_t **idle, Py_ssize_t *nidle) {
-    Py_ssize_t total, n = lookup_into(c, names, hits, &total);
+static Py_ssize_t claim(Core *c, PyObject *names, Py_ssize_t limit, PyObject *owner, int32_t **hits, int32_t **idle,
+                        Py_ssize_t *nidle) {
+    Py_ssize_t total, n = lookup_into(c, names, limit, hits, &total);
     if (n < 0) return -1;
     c->st_lookups++; c->st_lookup_blocks += total; c->st_hit_blocks += n;
     int32_t *h = *hits, *id = malloc((n ? n : 1) * sizeof(int32_t));
     int32_t o = id && n ? owner_slot(c, owner, 1) : OWN_ANON;
     if (!id || o == OWN_ERR) { free(h); free(id); if (!id) PyErr_NoMemory(); return -1; }
     Py_ssize_t ni = 0;
-    for (Py_ssize_t k = 0; k < n; k++) if (c->ref[h[k]] == 0) id[ni++] = h[k];
+    for (Py_ssize_t k = 0; k < n; k++) if (c->blk[h[k]].ref == 0) id[ni++] = h[k];
     for (Py_ssize_t k = 0; k < ni; k++) pf_remove(c, id[k]);
     int rc = 0;
+    Py_ssize_t cur = 0;                       /* a walk over the session's entries beside the hits */
     for (Py_ssize_t k = 0; k < n && rc == 0; k++) {
         int32_t b = h[k];                     /* most hits: a private block the owner holds already */
-        if (c->own_n[b] == 1 && c->own_cap[b] == OWN_INLINE && c->own_in[b][0] == o) continue;
+        if (c->blk[b].own_n == 1 && c->blk[b].own_cap == OWN_INLINE && c->blk[b].own_in[0] == o) continue;
+        if (o >= 0) {
+            /* a live entry (b, its generation) of the session means it is among b's owners: a
+               session claims its context in the order it took it, so its entries, read in order,
+               answer for the shared blocks without the scattered owner arrays */
+            Sess *s = &c->sess[o];
+            while (cur < s->n && s->gens[cur] != c->blk[s->blocks[cur]].gen) cur++;
+            if (cur < s->n && s->blocks[cur] == b) { cur++; continue; }
+        }
         rc = own(c, b, o);
     }
     slot_release(c, o);
@@ -700,20 +736,27 @@ static Py_ssize_t claim(Core *c, PyObject *names, PyObject *owner, int32_t **hit
     *idle = id; *nidle = ni;
     return n;
 }
-/* acquire() takes a reference on each hit; refresh() hands the idle hits back as just freed, tail first */
+/* acquire() takes a reference on each hit; refresh() hands the idle hits back as just freed, tail
+   first; limit (acquire): of the first `limit` names only, as if given names[:limit] */
 static PyObject *claim_call(Core *c, PyObject *args, PyObject *kw, int refresh) {
-    static char *kwl[] = {"names", "owner", NULL};
-    PyObject *names, *owner = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O", kwl, &names, &owner)) return NULL;
+    static char *kwl[] = {"names", "owner", "limit", NULL}, *kwl_refresh[] = {"names", "owner", NULL};
+    PyObject *names, *owner = Py_None, *lim = Py_None;
+    if (!(refresh ? PyArg_ParseTupleAndKeywords(args, kw, "O|O", kwl_refresh, &names, &owner)
+                  : PyArg_ParseTupleAndKeywords(args, kw, "O|OO", kwl, &names, &owner, &lim))) return NULL;
+    Py_ssize_t limit = -1;
+    if (lim != Py_None) {
+        if ((limit = PyLong_AsSsize_t(lim)) == -1 && PyErr_Occurred()) return NULL;
+        if (limit < 0) limit = 0;
+    }
     int32_t *h, *id;
-    Py_ssize_t ni, n = claim(c, names, owner, &h, &id, &ni);
+    Py_ssize_t ni, n = claim(c, names, limit, owner, &h, &id, &ni);
     if (n < 0) return NULL;
     PyObject *l;
     if (refresh) {
         for (Py_ssize_t k = 0; k < ni / 2; k++) { int32_t t = id[k]; id[k] = id[ni - 1 - k]; id[ni - 1 - k] = t; }
         l = evictable(c, id, ni) < 0 ? NULL : PyLong_FromSsize_t(n);
     } else {
-        for (Py_ssize_t k = 0; k < n; k++) c->ref[h[k]]++;
+        for (Py_ssize_t k = 0; k < n; k++) c->blk[h[k]].ref++;
         l = int_list(c, h, n);
     }
     free(h); free(id);
@@ -730,8 +773,8 @@ static PyObject *Core_count_hits(Core *c, PyObject *args) {
     if (limit < n) n = limit < 0 ? 0 : limit;
     for (int32_t prev = -1; hits < n; hits++) {      /* lookup_into's walk, counted */
         int32_t b = prev + 1;
-        if (!(prev >= 0 && b < c->nb && c->names[b] == items[hits]) && (b = index_get(c, items[hits])) < 0) break;
-        idle += c->ref[b] == 0;
+        if (!(prev >= 0 && b < c->nb && c->blk[b].name == items[hits]) && (b = index_get(c, items[hits])) < 0) break;
+        idle += c->blk[b].ref == 0;
         prev = b;
     }
     Py_DECREF(fast);
@@ -744,8 +787,8 @@ static PyObject *Core_share(Core *c, PyObject *ids) {
     Py_ssize_t n = block_array(c, ids, &a);
     if (n < 0) return NULL;
     for (Py_ssize_t k = 0; k < n; k++) {
-        if (c->ref[a[k]] < 1) { PyErr_Format(PyExc_ValueError, "block %d is not in use", a[k]); free(a); return NULL; }
-        c->ref[a[k]]++;
+        if (c->blk[a[k]].ref < 1) { PyErr_Format(PyExc_ValueError, "block %d is not in use", a[k]); free(a); return NULL; }
+        c->blk[a[k]].ref++;
     }
     free(a);
     Py_RETURN_NONE;
@@ -773,7 +816,7 @@ static PyObject *Core_allocate(Core *c, PyObject *args, PyObject *kw) {
             if (!name) break;                  /* the blocks taken so far stay taken, as in the reference */
             Py_DECREF(name);
         }
-        c->ref[b] = 1;
+        c->blk[b].ref = 1;
         a[k] = b;
     }
     if (k < n) { free(a); return NULL; }
@@ -806,8 +849,8 @@ static PyObject *Core_evict_blocks(Core *c, PyObject *ids) {
     PyObject *l = PyList_New(0);
     for (Py_ssize_t k = 0; l && k < n; k++) {
         int32_t b = a[k];
-        PyObject *name = c->names[b];
-        if (c->ref[b] != 0 || !name) continue;
+        PyObject *name = c->blk[b].name;
+        if (c->blk[b].ref != 0 || !name) continue;
         pf_remove(c, b);
         Py_INCREF(name);
         PyObject *got = evicted(c, b, name);
@@ -824,8 +867,8 @@ static PyObject *Core_evict_blocks(Core *c, PyObject *ids) {
 /* commit(): a new reference to the block now holding `name` */
 static PyObject *commit_one(Core *c, Py_ssize_t b, PyObject *name, int32_t owner, PyObject *parent, PyObject *tokens) {
     if (check_block(c, b) < 0) return NULL;
-    if (c->ref[b] < 1) return PyErr_Format(PyExc_ValueError, "block %zd is not in use", b);
-    PyObject *cur = c->names[b];
+    if (c->blk[b].ref < 1) return PyErr_Format(PyExc_ValueError, "block %zd is not in use", b);
+    PyObject *cur = c->blk[b].name;
     if (cur) {
         int ne = PyObject_RichCompareBool(cur, name, Py_NE);
         if (ne < 0) return NULL;
@@ -845,7 +888,7 @@ static PyObject *commit_one(Core *c, Py_ssize_t b, PyObject *name, int32_t owner
     PyObject *key = block_obj(c, (int32_t)b);
     if (!key) return NULL;
     Py_INCREF(name);
-    c->names[b] = name;
+    c->blk[b].name = name;
     index_insert(c, (int32_t)b, h);
     c->st_commits++;
     if (c->on_event != Py_None) {
@@ -949,11 +992,11 @@ static PyObject *Core_free(Core *c, PyObject *ids) {
     int failed = 0;
     for (Py_ssize_t k = n - 1; k >= 0 && !failed; k--) {
         int32_t b = a[k];
-        int32_t r = c->ref[b];
+        int32_t r = c->blk[b].ref;
         if (r < 1) { PyErr_Format(PyExc_ValueError, "block %d freed more often than taken", b); failed = 1; break; }
-        c->ref[b] = r - 1;
+        c->blk[b].ref = r - 1;
         if (r == 1) {
-            if (!c->names[b]) {
+            if (!c->blk[b].name) {
                 PyObject *got = forget(c, b);
                 if (!got) { failed = 1; break; }
                 Py_DECREF(got);
@@ -1028,7 +1071,7 @@ static PyObject *Core_park(Core *c, PyObject *args, PyObject *kw) {
     for (Py_ssize_t k = 0; k < n; k++) {
         double r;
         /* a block with one owner has this session as it (its blocks are the ones it owns) */
-        ranks[k] = c->own_n[blocks[k]] == 1 ? rank : block_rank(c, blocks[k], &r) ? r : NAN;
+        ranks[k] = c->blk[blocks[k]].own_n == 1 ? rank : block_rank(c, blocks[k], &r) ? r : NAN;
     }
     PyObject *out = pf_set_classes(c, blocks, ranks, n) < 0 ? NULL : int_list(c, blocks, n);
     free(blocks); free(ranks);
@@ -1066,18 +1109,18 @@ static PyObject *Core_drop(Core *c, PyObject *args, PyObject *kw) {
         s->parked = 0;
         if (!(a = malloc((s->live ? s->live : 1) * sizeof(int32_t)))) return PyErr_NoMemory();
         for (Py_ssize_t e = 0; e < s->n; e++)
-            if (s->gens[e] == c->gen[s->blocks[e]] && n < s->live) a[n++] = s->blocks[e];
+            if (s->gens[e] == c->blk[s->blocks[e]].gen && n < s->live) a[n++] = s->blocks[e];
         qsort(a, n, sizeof(int32_t), cmp_i32);
         if (PyDict_DelItem(c->sess_index, sid) < 0) { free(a); slot_release(c, o); return NULL; }
         s->pinned = 1;
     }
     PyObject *freed = PyList_New(0);
     for (Py_ssize_t k = 0; freed && k < n; k++) {
-        int32_t b = a[k], no = c->own_n[b], *v = owners_of(c, b);
+        int32_t b = a[k], no = c->blk[b].own_n, *v = owners_of(c, b);
         for (int32_t j = 0; j < no; j++)
-            if (v[j] == o) { v[j] = v[no - 1]; c->own_n[b] = --no; c->sess[o].live--; break; }
-        PyObject *name = c->names[b];
-        int drop = no <= 0 && c->ref[b] == 0 && name;
+            if (v[j] == o) { v[j] = v[no - 1]; c->blk[b].own_n = --no; c->sess[o].live--; break; }
+        PyObject *name = c->blk[b].name;
+        int drop = no <= 0 && c->blk[b].ref == 0 && name;
         if (drop && keep != Py_None) {
             PyObject *r = PyObject_CallOneArg(keep, name);
             int t = r ? PyObject_IsTrue(r) : -1;
@@ -1095,8 +1138,8 @@ static PyObject *Core_drop(Core *c, PyObject *args, PyObject *kw) {
     }
     if (o >= 0) {                         /* after an error some blocks may still name it: they drop it */
         for (Py_ssize_t k = 0; k < n; k++) {
-            int32_t b = a[k], no = c->own_n[b], *v = owners_of(c, b);
-            for (int32_t j = 0; j < no; j++) if (v[j] == o) { v[j] = v[no - 1]; c->own_n[b] = --no; break; }
+            int32_t b = a[k], no = c->blk[b].own_n, *v = owners_of(c, b);
+            for (int32_t j = 0; j < no; j++) if (v[j] == o) { v[j] = v[no - 1]; c->blk[b].own_n = --no; break; }
         }
         slot_free(c, o, 0);
     }
@@ -1117,14 +1160,14 @@ static PyObject *Core_evictable_order(Core *c, PyObject *unused) {
     for (Py_ssize_t h = 0; h < c->heap_len; h++) {
         Run *r = c->heap[h];
         for (Py_ssize_t i = r->i; i < r->n && k < c->ep_len; i++)
-            if (c->ep_tick[r->blocks[i]] == r->ticks[i]) es[k++] = (ParkedEntry){r->neg, r->ticks[i], r->blocks[i]};
+            if (c->blk[r->blocks[i]].ep_tick == r->ticks[i]) es[k++] = (ParkedEntry){r->neg, r->ticks[i], r->blocks[i]};
     }
     qsort(es, k, sizeof(ParkedEntry), parked_cmp);
     int32_t *order = malloc((k + c->lru_len ? k + c->lru_len : 1) * sizeof(int32_t));
     if (!order) { free(es); return PyErr_NoMemory(); }
     Py_ssize_t n = 0;
     for (Py_ssize_t i = 0; i < k; i++) order[n++] = es[i].b;
-    for (int32_t b = c->lru_head; b >= 0; b = c->next[b]) order[n++] = b;
+    for (int32_t b = c->lru_head; b >= 0; b = c->blk[b].next) order[n++] = b;
     PyObject *l = int_list(c, order, n);
     free(es); free(order);
     return l;
@@ -1132,20 +1175,20 @@ static PyObject *Core_evictable_order(Core *c, PyObject *unused) {
 static PyObject *Core_ref_count(Core *c, PyObject *arg) {
     Py_ssize_t b = PyLong_AsSsize_t(arg);
     if ((b == -1 && PyErr_Occurred()) || check_block(c, b) < 0) return NULL;
-    return PyLong_FromLong(c->ref[b]);
+    return PyLong_FromLong(c->blk[b].ref);
 }
 static PyObject *Core_count_unreferenced(Core *c, PyObject *ids) {
     int32_t *a;
     Py_ssize_t n = block_array(c, ids, &a), k = 0;
     if (n < 0) return NULL;
-    for (Py_ssize_t i = 0; i < n; i++) k += c->ref[a[i]] == 0;
+    for (Py_ssize_t i = 0; i < n; i++) k += c->blk[a[i]].ref == 0;
     free(a);
     return PyLong_FromSsize_t(k);
 }
 static PyObject *Core_name_of(Core *c, PyObject *arg) {
     Py_ssize_t b = PyLong_AsSsize_t(arg);
     if ((b == -1 && PyErr_Occurred()) || check_block(c, b) < 0) return NULL;
-    PyObject *n = c->names[b] ? c->names[b] : Py_None;
+    PyObject *n = c->blk[b].name ? c->blk[b].name : Py_None;
     Py_INCREF(n);
     return n;
 }
@@ -1164,11 +1207,12 @@ static PyObject *get_num_evictable(Core *c, void *u) { return PyLong_FromSsize_t
 static PyObject *get_ref(Core *c, void *u) { return PyMemoryView_FromObject((PyObject *)c); }
 static int Core_getbuffer(Core *c, Py_buffer *view, int flags) {
     if (flags & PyBUF_WRITABLE) { PyErr_SetString(PyExc_BufferError, "reference counts are read-only"); view->obj = NULL; return -1; }
-    view->buf = c->ref; view->obj = (PyObject *)c; Py_INCREF(c);
+    if (!(flags & PyBUF_STRIDES)) { PyErr_SetString(PyExc_BufferError, "reference counts are strided"); view->obj = NULL; return -1; }
+    view->buf = &c->blk[0].ref; view->obj = (PyObject *)c; Py_INCREF(c);
     view->len = c->nb * (Py_ssize_t)sizeof(int32_t); view->readonly = 1; view->itemsize = sizeof(int32_t);
     view->format = (flags & PyBUF_FORMAT) ? "i" : NULL; view->ndim = 1;
-    view->shape = (flags & PyBUF_ND) ? &c->nb : NULL;
-    view->strides = (flags & PyBUF_STRIDES) ? &view->itemsize : NULL;
+    view->shape = &c->nb;
+    view->strides = &c->blk_stride;
     view->suboffsets = NULL; view->internal = NULL;
     return 0;
 }
@@ -1176,7 +1220,7 @@ static PyBufferProcs Core_buffer = {(getbufferproc)Core_getbuffer, NULL};
 static PyObject *get_names(Core *c, void *u) {
     PyObject *l = PyList_New(c->nb);
     for (Py_ssize_t b = 0; l && b < c->nb; b++) {
-        PyObject *n = c->names[b] ? c->names[b] : Py_None;
+        PyObject *n = c->blk[b].name ? c->blk[b].name : Py_None;
         Py_INCREF(n);
         PyList_SET_ITEM(l, b, n);
     }
@@ -1185,9 +1229,9 @@ static PyObject *get_names(Core *c, void *u) {
 static PyObject *get_owners(Core *c, void *u) {
     PyObject *d = PyDict_New();
     for (Py_ssize_t b = 0; d && b < c->nb; b++) {
-        if (c->own_n[b] < 0) continue;
+        if (c->blk[b].own_n < 0) continue;
         PyObject *k = PyLong_FromSsize_t(b), *set = PySet_New(NULL);
-        for (int32_t j = 0; set && j < c->own_n[b]; j++)
+        for (int32_t j = 0; set && j < c->blk[b].own_n; j++)
             if (PySet_Add(set, slot_obj(c, owners_of(c, b)[j])) < 0) Py_CLEAR(set);
         if (!k || !set || PyDict_SetItem(d, k, set) < 0) Py_CLEAR(d);
         Py_XDECREF(k); Py_XDECREF(set);
@@ -1201,7 +1245,7 @@ static PyObject *get_session_blocks(Core *c, void *u) {
         if (!s->sid || s->live == 0) continue;
         PyObject *set = PySet_New(NULL);
         for (Py_ssize_t e = 0; set && e < s->n; e++) {
-            if (s->gens[e] != c->gen[s->blocks[e]]) continue;
+            if (s->gens[e] != c->blk[s->blocks[e]].gen) continue;
             PyObject *v = block_obj(c, s->blocks[e]);
             if (!v || PySet_Add(set, v) < 0) Py_CLEAR(set);
             Py_XDECREF(v);
@@ -1288,26 +1332,23 @@ static int Core_init(Core *c, PyObject *args, PyObject *kw) {
     c->shared = PyObject_GetAttrString(hooks, "SHARED");
     c->no_free = PyObject_GetAttrString(hooks, "NoFreeBlocks");
     if (!c->shared || !c->no_free) return -1;
-    c->ref = calloc(nb, sizeof(int32_t)); c->names = calloc(nb, sizeof(PyObject *));
-    c->own_n = malloc(nb * sizeof(int32_t)); c->own_cap = malloc(nb * sizeof(int32_t));
-    c->own_in = malloc(nb * sizeof(*c->own_in));
-    c->own_v = calloc(nb, sizeof(int32_t *)); c->gen = calloc(nb, sizeof(uint32_t));
+    c->blk = calloc(nb, sizeof(Blk)); c->blk_stride = sizeof(Blk);
+    c->own_v = calloc(nb, sizeof(int32_t *));
     c->ids = calloc(nb, sizeof(PyObject *));
     c->pairs = calloc(nb, sizeof(PyObject *)); c->empty = malloc(nb * sizeof(int32_t));
-    c->freed_at = calloc(nb, sizeof(int64_t)); c->prev = malloc(nb * sizeof(int32_t));
-    c->next = malloc(nb * sizeof(int32_t)); c->in_lru = calloc(nb, 1); c->is_parked = calloc(nb, 1);
-    c->rank = calloc(nb, sizeof(double)); c->ep_tick = malloc(nb * sizeof(int64_t)); c->mark = calloc(nb, 1);
+    c->rank = calloc(nb, sizeof(double));
     Py_ssize_t size = 8;
     while (size < 2 * nb) size *= 2;
-    c->nidx = malloc(size * sizeof(int32_t)); c->nhash = malloc(nb * sizeof(uint64_t));
+    c->nidx = malloc(size * sizeof(Slot)); c->nhash = malloc(nb * sizeof(uint64_t));
     c->sess_index = PyDict_New(); c->parked = PyDict_New();
-    if (!c->nidx || !c->nhash || !c->ref || !c->names || !c->own_n || !c->own_cap || !c->own_in || !c->own_v || !c->gen || !c->ids || !c->pairs || !c->empty || !c->freed_at || !c->prev || !c->next || !c->in_lru
-        || !c->is_parked || !c->rank || !c->ep_tick || !c->mark) { PyErr_NoMemory(); return -1; }
+    if (!c->nidx || !c->nhash || !c->blk || !c->own_v || !c->ids || !c->pairs || !c->empty || !c->rank) {
+        PyErr_NoMemory(); return -1;
+    }
     if (!c->sess_index || !c->parked) return -1;
-    for (Py_ssize_t i = 0; i < size; i++) c->nidx[i] = -1;
+    for (Py_ssize_t i = 0; i < size; i++) c->nidx[i] = (Slot){-1, 0};
     c->nmask = size - 1; c->nlen = 0;
     c->nb = nb;
-    for (Py_ssize_t b = 0; b < nb; b++) { c->empty[b] = (int32_t)b; c->ep_tick[b] = -1; c->own_n[b] = -1; c->own_cap[b] = OWN_INLINE; }
+    for (Py_ssize_t b = 0; b < nb; b++) { c->empty[b] = (int32_t)b; c->blk[b].ep_tick = -1; c->blk[b].own_n = -1; c->blk[b].own_cap = OWN_INLINE; }
     c->e_head = 0; c->e_len = nb;
     c->lru_head = c->lru_tail = -1;
     Py_INCREF(hooks); c->hooks = hooks;
@@ -1331,17 +1372,16 @@ static int Core_clear_refs(Core *c) {
 static void Core_dealloc(Core *c) {
     PyObject_GC_UnTrack(c);
     Core_clear_refs(c);
-    if (c->names) for (Py_ssize_t b = 0; b < c->nb; b++) Py_XDECREF(c->names[b]);
+    if (c->blk) for (Py_ssize_t b = 0; b < c->nb; b++) Py_XDECREF(c->blk[b].name);
     if (c->ids) for (Py_ssize_t b = 0; b < c->nb; b++) Py_XDECREF(c->ids[b]);
     if (c->pairs) for (Py_ssize_t b = 0; b < c->nb; b++) Py_XDECREF(c->pairs[b]);
     Py_XDECREF(c->shared); Py_XDECREF(c->no_free);
     for (Py_ssize_t h = 0; h < c->heap_len; h++) free_run(c->heap[h]);
     for (Py_ssize_t i = 0; i < c->sess_top; i++) { Py_XDECREF(c->sess[i].sid); free(c->sess[i].blocks); free(c->sess[i].gens); }
     if (c->own_v) for (Py_ssize_t b = 0; b < c->nb; b++) free(c->own_v[b]);
-    free(c->sess); free(c->free_slots); free(c->own_n); free(c->own_cap); free(c->own_in); free(c->own_v); free(c->gen);
+    free(c->sess); free(c->free_slots); free(c->blk); free(c->own_v);
     free(c->nidx); free(c->nhash);
-    free(c->heap); free(c->ref); free(c->names); free(c->ids); free(c->pairs); free(c->empty); free(c->freed_at);
-    free(c->prev); free(c->next); free(c->in_lru); free(c->is_parked); free(c->rank); free(c->ep_tick); free(c->mark);
+    free(c->heap); free(c->ids); free(c->pairs); free(c->empty); free(c->rank);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
 

@@ -111,6 +111,8 @@ def test_bad_configurations_say_what_is_wrong(capsys, tmp_path):
     bad.write_text('{"timestamp": 0, "input_length": 100, "output_length": 5, "hash_ids": [1, 2]}\n')
     assert cli_main(["sim", "run", "--trace", str(bad)]) == 2
     assert f"{bad}:1" in capsys.readouterr().err
+    assert cli_main(["sim", "run", "--vocab-range", "0-256"]) == 2
+    assert "--vocab-range must be LOW,HIGH" in capsys.readouterr().err
     with pytest.raises(ValueError, match="no sourced bandwidth for tier G2"):
         build(SimConfig(hardware="B200", kv_cache="16MiB", host_tier="1GiB"))
 
@@ -128,3 +130,16 @@ def test_a_run_is_deterministic():
     for key in ("wall_s", "sim_requests_per_wall_s", "cpu_s"):
         a.pop(key), b.pop(key)
     assert a == b
+
+
+def test_compact_token_ids_decide_as_the_model_vocabulary(parked):
+    """The simulator's default ids (TokenSpace.compact, [0, 256)) name other blocks than ids from
+    the model's range, but only equality of names decides: the whole summary is the same."""
+    wide = _run("--hardware", "H200", "--workers", "3", "--kv-cache", "12MiB", "--kv-format", "nvfp4", "--host-tier", "1GiB",
+                "--trace", TRACE, "--max-gap", "5", "--gap-scale", "1", "--vocab-range", "1000,30000")["summary"]
+    compact = dict(parked["summary"])
+    for key in ("wall_s", "sim_requests_per_wall_s", "cpu_s"):
+        wide.pop(key), compact.pop(key)
+    assert compact == wide
+    assert parked["assumptions"]["token_ids"] == [0, 256]
+    assert compact["prefill_tokens"]["reused"] > 0 and compact["blocks"]["loaded"] > 0

@@ -70,7 +70,8 @@ def run_parser() -> argparse.ArgumentParser:
     for flag, kind in (("--token-scale", float), ("--output-scale", float), ("--max-context", int),
                        ("--max-output", int), ("--gap-scale", float), ("--max-gap", float), ("--arrival-scale", float)):
         t.add_argument(flag, type=kind, default=None)
-    t.add_argument("--vocab-range", default="1000,30000")
+    t.add_argument("--vocab-range", default=None, metavar="LOW,HIGH",
+                   help="token ids of the synthetic prompts (default 0,256: TokenSpace.compact)")
     r = p.add_argument_group("replay")
     r.add_argument("--route", choices=[*ROUTES, *FLEET_ROUTES], default="sticky",
                    help="kv: the cluster router's policy (cluster/policy) on its KV index fed by the workers' events")
@@ -122,6 +123,17 @@ def calibrate(argv: list[str]) -> int:
     return 0
 
 
+def token_space(vocab_range: str | None) -> TokenSpace:
+    """--vocab-range LOW,HIGH, or the simulator's compact ids."""
+    if not vocab_range:
+        return TokenSpace.compact()
+    try:
+        low, high = (int(x) for x in vocab_range.split(","))
+    except ValueError:
+        raise ValueError(f"--vocab-range must be LOW,HIGH (two integers), got {vocab_range!r}") from None
+    return TokenSpace(low, high)
+
+
 def run_sim(args, cfg: SimConfig) -> dict:
     fleet_cfg = FleetConfig(args.route, args.workers, args.prefill, args.decode, args.disagg_threshold,
                             args.pod_flash, args.shared_storage, args.pod_flash_bandwidth,
@@ -135,8 +147,8 @@ def run_sim(args, cfg: SimConfig) -> dict:
                                output_scale=args.output_scale, max_context=args.max_context,
                                max_output=args.max_output, gap_scale=args.gap_scale, max_gap_s=args.max_gap,
                                arrival_scale=args.arrival_scale)
-    low, high = (int(x) for x in args.vocab_range.split(","))
-    runner = Runner(trace, scaling, TokenSpace(low, high), workers,
+    space = token_space(args.vocab_range)
+    runner = Runner(trace, scaling, space, workers,
                     RunConfig(park=not args.no_park, park_min_gap_s=args.park_min_gap,
                               max_requests=args.max_requests, rate=args.rate,
                               multi_step=not args.no_multi_step),
@@ -149,7 +161,8 @@ def run_sim(args, cfg: SimConfig) -> dict:
         summary["steps_outside_calibrated_range"] = cost.outside_range
     return {"benchmark": "sim", "summary": summary,
             "assumptions": {**info, "trace": {"path": args.trace, **trace.describe()},
-                            "scaling": scaling.describe(), "route": args.route, "park": not args.no_park,
+                            "scaling": scaling.describe(), "token_ids": [space.low, space.high],
+                            "route": args.route, "park": not args.no_park,
                             "park_min_gap_s": args.park_min_gap,
                             "arrivals": f"{args.rate} sessions/s" if args.rate else "recorded x arrival_scale"}}
 

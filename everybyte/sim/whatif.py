@@ -178,7 +178,7 @@ def run_point(cfg: WhatIfConfig, hw_name: str, s: Scenario, trace: Trace, scalin
     cost, workers = fleet.cost, fleet.workers
     gpus = s.ep * s.workers
     n = per_gpu * gpus
-    runner = Runner(workload(trace, n, cfg.turns), scaling, TokenSpace(1000, 30000), workers,
+    runner = Runner(workload(trace, n, cfg.turns), scaling, TokenSpace.compact(), workers,
                     RunConfig(park=True, rate=n / cfg.start_window_s), fleet.route, cost.weight_bytes(),
                     fleet.disagg)
     sm = runner.run()

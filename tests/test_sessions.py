@@ -31,6 +31,28 @@ def test_lru_count_and_idle_expiry():
     assert t.over_limits(keep="d") == ["c", "b"]
 
 
+def test_idle_expiry_is_on_time_after_fresh_checks():
+    """over_limits answers 'none' from a bound on the sessions' last activity; a session still
+    expires at its timeout, whether the bound was set by a touch, a park or an earlier check."""
+    clock = Clock()
+    t = SessionTable(max_sessions=10, idle_timeout_s=60, clock=clock)
+    t.touch("a")
+    clock.t += 30
+    t.touch("b")
+    clock.t += 20
+    t.park("b", None)                  # b active at 1050
+    assert t.over_limits() == []
+    clock.t = 1060.5                   # a idle 60.5 s
+    assert t.over_limits() == ["a"]
+    t.pop("a")
+    assert t.over_limits() == []       # the bound moves up to b's 1050
+    clock.t = 1110.0
+    assert t.over_limits() == []       # exactly 60 s: not past the timeout
+    clock.t = 1110.5
+    assert t.over_limits(keep="c") == ["b"]
+    assert t.over_limits(keep="b") == []
+
+
 def test_names_are_counted_across_sessions():
     t = SessionTable()
     t.touch("a"), t.touch("b")

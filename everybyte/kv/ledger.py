@@ -115,6 +115,8 @@ class ByteLedger:
 
     def record_prefill(self, computed: int, reused: dict[str, int] | None = None) -> None:
         """Prefill tokens computed on the device, and tokens reused from each tier ("G1", "G2", ...)."""
+        if not computed and not reused:         # a turn with no hit: nothing to add, no lock to take
+            return
         with self._lock:
             self.prefill_computed += computed
             for tier, n in (reused or {}).items():

@@ -49,6 +49,7 @@ class SessionTable:
         self.max_sessions, self.idle_timeout_s, self.clock = max_sessions, idle_timeout_s, clock
         self.sessions: OrderedDict[str, Session] = OrderedDict()    # least recently active first
         self.refs: Counts = new_name_counts()                       # name -> sessions holding it
+        self.min_active = math.inf      # at or below every session's last_active: none expires before it + the timeout
 
     def __contains__(self, session_id: str) -> bool:
         return session_id in self.sessions
@@ -66,6 +67,8 @@ class SessionTable:
             s = self.sessions[session_id] = Session(session_id)
         self.sessions.move_to_end(session_id)
         s.state, s.expected_return, s.last_active = "active", None, self.clock()
+        if s.last_active < self.min_active:
+            self.min_active = s.last_active
         return s
 
     def park(self, session_id: str, expected_gap_s: float | None) -> Session:
@@ -73,6 +76,8 @@ class SessionTable:
         s = self.get(session_id)
         now = self.clock()
         s.state, s.last_active = "parked", now
+        if now < self.min_active:
+            self.min_active = now
         s.expected_return = None if gap is None else now + gap
         self.sessions.move_to_end(session_id)
         return s
@@ -108,9 +113,12 @@ class SessionTable:
         out: list[str] = []
         cutoff = self.clock() - self.idle_timeout_s
         excess = len(self.sessions) - self.max_sessions
-        if excess <= 0 and self.sessions:        # the common case: the least recently active is fresh
+        if excess <= 0 and cutoff <= self.min_active:      # the common case: none can be idle past the timeout
+            return out
+        if excess <= 0 and self.sessions:        # the least recently active is fresh: its time bounds the rest
             first = next(iter(self.sessions))
-            if first != keep and self.sessions[first].last_active >= cutoff:
+            if first != keep and (last := self.sessions[first].last_active) >= cutoff:
+                self.min_active = max(self.min_active, last)
                 return out
         for sid, s in self.sessions.items():
             if sid == keep:

@@ -766,18 +766,11 @@ static PyObject *Core_count_hits(Core *c, PyObject *args) {
     PyObject *names;
     Py_ssize_t limit;
     if (!PyArg_ParseTuple(args, "On", &names, &limit)) return NULL;
-    PyObject *fast = PySequence_Fast(names, "names must be a sequence");
-    if (!fast) return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast), hits = 0, idle = 0;
-    PyObject **items = PySequence_Fast_ITEMS(fast);
-    if (limit < n) n = limit < 0 ? 0 : limit;
-    for (int32_t prev = -1; hits < n; hits++) {      /* lookup_into's walk, counted */
-        int32_t b = prev + 1;
-        if (!(prev >= 0 && b < c->nb && c->blk[b].name == items[hits]) && (b = index_get(c, items[hits])) < 0) break;
-        idle += c->blk[b].ref == 0;
-        prev = b;
-    }
-    Py_DECREF(fast);
+    int32_t *a;
+    Py_ssize_t hits = lookup_into(c, names, limit < 0 ? 0 : limit, &a, NULL), idle = 0;
+    if (hits < 0) return NULL;
+    for (Py_ssize_t k = 0; k < hits; k++) idle += c->blk[a[k]].ref == 0;
+    free(a);
     return Py_BuildValue("(nn)", hits, idle);
 }
 static PyObject *Core_acquire(Core *c, PyObject *args, PyObject *kw) { return claim_call(c, args, kw, 0); }

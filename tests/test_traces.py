@@ -295,3 +295,22 @@ def test_prompt_tokens_fall_back_to_numpy(monkeypatch):
         assert len(sp.prompt(0, {})) > MARKER_LEN
     finally:
         tokens._compiled.cache_clear()
+
+
+def test_token_space_parse_takes_low_high_and_names_the_option_when_bad():
+    space = TokenSpace.parse("1000,30000")
+    assert (space.low, space.high) == (1000, 30000)
+    for bad, why in (("0-256", "two integers"), ("5", "two integers"), ("1,2,3", "two integers"),
+                     ("a,b", "two integers"), ("9,9", r"\[9, 9\) is empty"), ("-1,5", "is empty")):
+        with pytest.raises(ValueError, match=f"--vocab-range.*{why}"):
+            TokenSpace.parse(bad)
+    with pytest.raises(ValueError, match="--tokens must be"):
+        TokenSpace.parse("x", option="--tokens")
+
+
+def test_bench_agentic_and_sim_accuracy_refuse_a_bad_vocab_range(capsys):
+    from everybyte.cli import main as cli_main
+    assert cli_main(["bench", "agentic", "--vocab-range", "30000,1000"]) == 2
+    assert "--vocab-range '30000,1000': token range [30000, 1000) is empty" in capsys.readouterr().err
+    assert cli_main(["bench", "sim-accuracy", "--vocab-range", "1000;30000"]) == 2
+    assert "--vocab-range must be LOW,HIGH" in capsys.readouterr().err

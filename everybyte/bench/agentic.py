@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         sweep = [int(x) for x in args.sweep.split(",")] if args.sweep else [args.concurrency]
-        low, high = (int(x) for x in args.vocab_range.split(","))
+        vocab = TokenSpace.parse(args.vocab_range)
         if any(c < 0 for c in sweep):
             raise ValueError("concurrency must be >= 0")
     except ValueError as e:
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_sessions:
         trace.sessions = trace.sessions[:args.max_sessions]
     try:
-        result = asyncio.run(_run(args, trace, path, sweep, low, high))
+        result = asyncio.run(_run(args, trace, path, sweep, vocab.low, vocab.high))
     except EndpointError as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2

@@ -96,8 +96,7 @@ class Setup:
                                         output_scale=args.output_scale, max_context=args.max_context,
                                         max_output=args.max_output, gap_scale=args.gap_scale,
                                         max_gap_s=args.max_gap)
-        low, high = (int(x) for x in args.vocab_range.split(","))
-        self.space = TokenSpace(low, high)
+        self.space = TokenSpace.parse(args.vocab_range)
         self.run_cfg = RunConfig(park=not args.no_park, max_requests=None, rate=args.rate)
         kw = engine_kwargs(args)
         kw["max_model_len"] = args.max_model_len or self.scaling.max_context

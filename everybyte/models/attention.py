@@ -73,7 +73,9 @@ def _attend(q, k, v, cache: LayerKVCache, meta: AttentionMetadata, scale: float,
     def decode(q, tables):
         dt = _decode_tails(meta, decode_rows, tails, span)
         fused = nvfp4_decode(q, cache, tables, _decode_lens(meta, decode_rows), scale, dt, h is not None)
-        return fused if fused is not None else rot(_decode(rot(q), cache, tables, decode_mask, scale, dt))
+        if fused is not None:
+            return fused
+        return rot(_decode(rot(q), cache, tables, decode_mask, scale, dt, _decode_len_list(meta, decode_rows)))
 
     if not prefills:
         return decode(q, meta.block_tables)
@@ -142,10 +144,17 @@ def _decode_tails(meta: AttentionMetadata, rows, tails: bool, bs: int):
     return meta.derived["decode_tails"]
 
 
+def _decode_len_list(meta: AttentionMetadata, rows) -> list[int]:
+    """Context length of each decode row, once per step."""
+    if "decode_len_list" not in meta.derived:
+        meta.derived["decode_len_list"] = [meta.context_lens[r] for r in rows.tolist()]
+    return meta.derived["decode_len_list"]
+
+
 def _decode_lens(meta: AttentionMetadata, rows) -> torch.Tensor:
-    """Context length of each decode row (int64), once per step."""
+    """_decode_len_list as an int64 tensor, once per step."""
     if "decode_lens" not in meta.derived:
-        meta.derived["decode_lens"] = torch.tensor([meta.context_lens[r] for r in rows.tolist()], dtype=torch.long)
+        meta.derived["decode_lens"] = torch.tensor(_decode_len_list(meta, rows), dtype=torch.long)
     return meta.derived["decode_lens"]
 
 
@@ -177,16 +186,18 @@ def _gather(cache: LayerKVCache, block_ids: torch.Tensor, dtype):
     return k.reshape(shape), v.reshape(shape)
 
 
-def _decode(q, cache, block_tables, mask, scale, tails=None):
+def _decode(q, cache, block_tables, mask, scale, tails=None, lens=None):
     """One new token per sequence: one gather over the padded block tables, one masked SDPA.
     The query heads of a KV group stand in the query-length dimension, so no KV repeat is needed.
     With exact tails, each sequence's own (last) span is replaced by its unquantized slot.
     On CPU each sequence is computed alone, over its own granules: the CPU attention kernel's
     result for one sequence changes with the batch around it (its GEMMs block over the batch;
-    seen on an AMD EPYC host, 1e-7 apart), and a request's logprobs must not."""
+    seen on an AMD EPYC host, 1e-7 apart), and a request's logprobs must not. lens: each
+    sequence's context length (the mask's row sums), when the caller has them."""
     if q.device.type == "cpu" and q.shape[0] > 1:
         granule = cache.block_size if tails is None else cache.tail_k.shape[1]
-        lens = mask.sum(dim=1).tolist()
+        if lens is None:
+            lens = mask.sum(dim=1).tolist()
         return torch.cat([_decode(q[i:i + 1], cache, block_tables[i:i + 1], mask[i:i + 1, :-(-n // granule) * granule],
                                   scale, None if tails is None else (tails[0][i:i + 1], tails[1][i:i + 1]))
                           for i, n in enumerate(lens)])

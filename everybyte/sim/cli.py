@@ -125,13 +125,7 @@ def calibrate(argv: list[str]) -> int:
 
 def token_space(vocab_range: str | None) -> TokenSpace:
     """--vocab-range LOW,HIGH, or the simulator's compact ids."""
-    if not vocab_range:
-        return TokenSpace.compact()
-    try:
-        low, high = (int(x) for x in vocab_range.split(","))
-    except ValueError:
-        raise ValueError(f"--vocab-range must be LOW,HIGH (two integers), got {vocab_range!r}") from None
-    return TokenSpace(low, high)
+    return TokenSpace.parse(vocab_range) if vocab_range else TokenSpace.compact()
 
 
 def run_sim(args, cfg: SimConfig) -> dict:

@@ -91,6 +91,18 @@ class TokenSpace:
         sessions, under 1.4% with these)."""
         return cls(0, 256)
 
+    @classmethod
+    def parse(cls, text: str, option: str = "--vocab-range") -> "TokenSpace":
+        """LOW,HIGH as an option gives it; ValueError naming the option when it is not two
+        integers or the range is empty."""
+        try:
+            low, high = (int(x) for x in text.split(","))
+        except ValueError:
+            raise ValueError(f"{option} must be LOW,HIGH (two integers), got {text!r}") from None
+        if not 0 <= low < high:
+            raise ValueError(f"{option} {text!r}: token range [{low}, {high}) is empty")
+        return cls(low, high)
+
     def __init__(self, low: int = 1000, high: int = 30000):
         if not 0 <= low < high:
             raise ValueError(f"token range [{low}, {high}) is empty")

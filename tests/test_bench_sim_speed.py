@@ -25,6 +25,14 @@ def test_sim_speed_same_run_both_caches(tmp_path, monkeypatch):
         assert py[key] == c[key], key
 
 
+def test_sim_speed_names_its_interpreter(tmp_path, monkeypatch):
+    import sys
+    it = run(tmp_path, monkeypatch, "1")["interpreter"]
+    assert it["version"] == sys.version.split()[0] and it["executable"] == sys.executable
+    with open("/proc/self/maps") as f:                  # this process: the same interpreter
+        assert it["libpython_shared"] == any("libpython" in line for line in f)
+
+
 def test_sim_speed_bad_flag(capsys):
     with pytest.raises(SystemExit) as e:
         sim_speed.main(["--sessions", "4", "--", "--kv-format", "nope"])

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
            "sim_requests_per_cpu_s": s["requests"] / s["cpu_s"] if s["cpu_s"] > 0 else None,
            "steps": s["steps"], "events": s["events"], "wall_s": s["wall_s"], "cpu_s": s["cpu_s"],
            "simulated_seconds": s["simulated_seconds"], "workers": args.workers, "trace": trace,
-           "prefix_cache": s.get("prefix_cache"), "compiled": s["compiled"],
+           "prefix_cache": s.get("prefix_cache"), "compiled": s["compiled"], "interpreter": interpreter(),
            "note": "wall_s and cpu_s (its processor time) are the event loop only (trace generation and "
                    "worker construction excluded); one Python process, so one core"}
     if prof:
@@ -60,6 +60,18 @@ def main(argv: list[str] | None = None) -> int:
         out["profile_top_tottime"] = buf.getvalue().splitlines()[-22:]
     emit(out, args.json)
     return 0
+
+
+def interpreter() -> dict:
+    """Which Python ran it: half the loop's time is spent inside the interpreter, and a shared
+    libpython built without PGO/LTO (pyenv's default) runs the same code ~1.1-1.2x slower than a
+    statically linked PGO+LTO one (Debian's), so a figure names its interpreter."""
+    try:
+        with open("/proc/self/maps") as f:
+            shared: bool | None = any("libpython" in line for line in f)
+    except OSError:
+        shared = None                          # not Linux: unknown
+    return {"version": sys.version.split()[0], "executable": sys.executable, "libpython_shared": shared}
 
 
 DECISIONS = ("requests", "steps", "events", "simulated_seconds")
@@ -89,6 +101,6 @@ def side_by_side(args: argparse.Namespace) -> int:
            "speedup_wall": py["wall_s"] / c["wall_s"] if c["wall_s"] > 0 else None,
            "same_decisions": all(py[k] == c[k] for k in DECISIONS),
            "decisions": {k: py[k] for k in DECISIONS}, "goal": GOAL,
-           "meets_goal": c["sim_requests_per_wall_s"] >= GOAL, "trace": py["trace"]}
+           "meets_goal": c["sim_requests_per_wall_s"] >= GOAL, "trace": py["trace"], "interpreter": c["interpreter"]}
     emit(out, args.json)
     return 0

@@ -100,7 +100,7 @@ class TokenSpace:
         except ValueError:
             raise ValueError(f"{option} must be LOW,HIGH (two integers), got {text!r}") from None
         if not 0 <= low < high:
-            raise ValueError(f"{option} {text!r}: token range [{low}, {high}) is empty")
+            raise ValueError(f"{option} {text!r}: needs 0 <= LOW < HIGH")
         return cls(low, high)
 
     def __init__(self, low: int = 1000, high: int = 30000):

@@ -186,20 +186,18 @@ def _gather(cache: LayerKVCache, block_ids: torch.Tensor, dtype):
     return k.reshape(shape), v.reshape(shape)
 
 
-def _decode(q, cache, block_tables, mask, scale, tails=None, lens=None):
+def _decode(q, cache, block_tables, mask, scale, tails, lens):
     """One new token per sequence: one gather over the padded block tables, one masked SDPA.
     The query heads of a KV group stand in the query-length dimension, so no KV repeat is needed.
     With exact tails, each sequence's own (last) span is replaced by its unquantized slot.
     On CPU each sequence is computed alone, over its own granules: the CPU attention kernel's
     result for one sequence changes with the batch around it (its GEMMs block over the batch;
     seen on an AMD EPYC host, 1e-7 apart), and a request's logprobs must not. lens: each
-    sequence's context length (the mask's row sums), when the caller has them."""
+    sequence's context length (the mask's row sums)."""
     if q.device.type == "cpu" and q.shape[0] > 1:
         granule = cache.block_size if tails is None else cache.tail_k.shape[1]
-        if lens is None:
-            lens = mask.sum(dim=1).tolist()
         return torch.cat([_decode(q[i:i + 1], cache, block_tables[i:i + 1], mask[i:i + 1, :-(-n // granule) * granule],
-                                  scale, None if tails is None else (tails[0][i:i + 1], tails[1][i:i + 1]))
+                                  scale, None if tails is None else (tails[0][i:i + 1], tails[1][i:i + 1]), [n])
                           for i, n in enumerate(lens)])
     batch, num_heads, head_dim = q.shape
     num_blocks = mask.shape[1] // cache.block_size

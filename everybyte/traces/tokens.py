@@ -99,13 +99,14 @@ class TokenSpace:
             low, high = (int(x) for x in text.split(","))
         except ValueError:
             raise ValueError(f"{option} must be LOW,HIGH (two integers), got {text!r}") from None
-        if not 0 <= low < high:
-            raise ValueError(f"{option} {text!r}: needs 0 <= LOW < HIGH")
-        return cls(low, high)
+        try:
+            return cls(low, high)
+        except ValueError as e:
+            raise ValueError(f"{option} {text!r}: {e}") from None
 
     def __init__(self, low: int = 1000, high: int = 30000):
         if not 0 <= low < high:
-            raise ValueError(f"token range [{low}, {high}) is empty")
+            raise ValueError(f"needs 0 <= LOW < HIGH, got [{low}, {high})")
         self.low, self.high = low, high
 
     def token(self, ns: int, a: int, b: int) -> int:

@@ -40,3 +40,18 @@ def test_sim_speed_bad_flag(capsys):
     with pytest.raises(SystemExit) as e:
         sim_speed.main(["--sessions", "4", "--", "--kv-format", "nope"])
     assert e.value.code == 2 and "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+def test_sim_speed_arrival_spacing_loads_the_workers(tmp_path, monkeypatch, capsys):
+    """--arrival-s: denser session starts keep the workers busier (the field says how loaded the
+    measured run was); a spacing that is not positive is refused."""
+    def busy(spacing: str) -> dict:
+        out = tmp_path / f"busy{spacing}.json"
+        assert sim_speed.main(["--sessions", "40", "--workers", "2", "--arrival-s", spacing, "--json", str(out)]) == 0
+        return json.loads(out.read_text())
+    sparse, dense = busy("0.5"), busy("0.0001")
+    assert "arrival_s=0.0001," in dense["trace"]
+    assert 0 < sparse["worker_busy_fraction"] < dense["worker_busy_fraction"] <= 1
+    with pytest.raises(SystemExit) as e:
+        sim_speed.main(["--arrival-s", "0"])
+    assert e.value.code == 2 and "--arrival-s must be > 0" in capsys.readouterr().err

@@ -121,3 +121,18 @@ def test_the_fleet_makes_the_same_decisions_with_multi_step_decode(capsys):
         for key in ("wall_s", "sim_requests_per_wall_s", "cpu_s", "events"):
             d.pop(key)
     assert on == off
+
+
+@pytest.mark.parametrize("route, extra, isolated", [
+    ("sticky", {}, True), ("round-robin", {}, True), ("kv", {}, False),
+    ("sticky", {"pod_flash": "1GiB"}, False), ("sticky", {"shared_storage": "1GiB"}, False),
+    ("kv", {"prefill": 1, "decode": 2, "disagg_threshold": 64}, False)])
+def test_only_workers_that_share_nothing_are_isolated(route, extra, isolated):
+    """Runner(isolated=True) lets an arrival leave other workers' decode runs uncaught: only when
+    nothing of theirs is read by another worker's event (a state-free route, no disaggregation,
+    no shared tier or lane)."""
+    from everybyte.sim.build import SimConfig
+    from everybyte.sim.fleet_build import FleetConfig, build_fleet
+    workers = None if "prefill" in extra else 3
+    fleet = build_fleet(SimConfig(kv_cache="8MiB"), FleetConfig(route, workers, **extra))
+    assert fleet.isolated is isolated

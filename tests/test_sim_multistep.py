@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from everybyte.engine.core import EngineCore
 from everybyte.engine.sampling_params import SamplingParams
 from everybyte.engine.sequence import Sequence
 from everybyte.sim.build import SimConfig, build
@@ -20,7 +21,7 @@ TRACE = "synthetic:sessions=60,turns=3,gap_s=0.3,arrival_s=0.0001,seed=5,system_
 
 
 def _replay(multi_step: bool, route: str = "sticky", kv: str = "4MiB", host: str | None = "64MiB",
-            trace: str = TRACE) -> dict:
+            trace: str = TRACE, isolated: bool = False) -> dict:
     cfg = SimConfig(workers=3, kv_format="nvfp4", kv_cache=kv, host_tier=host, max_num_seqs=16,
                     max_num_batched_tokens=256)
     cost, workers, _ = build(cfg)
@@ -28,7 +29,7 @@ def _replay(multi_step: bool, route: str = "sticky", kv: str = "4MiB", host: str
     scaling = Scaling.defaults(tr.format, cost.model.max_len, gap_scale=1.0, max_gap_s=2.0)
     runner = Runner(tr, scaling, TokenSpace(), workers, RunConfig(park=True, park_min_gap_s=0.1,
                                                                      multi_step=multi_step),
-                    ROUTES[route](len(workers)), cost.weight_bytes())
+                    ROUTES[route](len(workers)), cost.weight_bytes(), isolated=isolated)
     summary = runner.run()
     return {"summary": summary, "turns": sorted(runner.turns, key=lambda t: (t.session, t.turn))}
 
@@ -59,6 +60,29 @@ def test_multi_step_decode_makes_the_same_decisions(route):
     assert s["blocks"]["parked"] > 0 and s["blocks"]["loaded"] > 0
     assert s["blocks"]["evicted"] > 0 and s["prefill_tokens"]["reused"] > 0
     _compare(on, off)
+
+
+@pytest.mark.parametrize("route", ["sticky", "round-robin"])
+def test_isolated_workers_catch_up_lazily_with_the_same_decisions(route, monkeypatch):
+    """With workers that share nothing, an arrival catches up only the runs of the workers it
+    touches (Runner isolated=True): fewer, longer run applications, every decision the same."""
+    calls = {"n": 0}
+    advance = EngineCore.advance_decode
+
+    def counted(self, run, steps):
+        calls["n"] += 1
+        advance(self, run, steps)
+    monkeypatch.setattr(EngineCore, "advance_decode", counted)
+    lazy = _replay(True, route, isolated=True)
+    lazy_calls, calls["n"] = calls["n"], 0
+    eager = _replay(True, route)
+    assert 0 < lazy_calls < calls["n"]
+    assert lazy["summary"]["blocks"]["parked"] > 0 and lazy["summary"]["blocks"]["loaded"] > 0
+    assert lazy["turns"] == eager["turns"]            # every field, times to the bit
+    a, b = dict(lazy["summary"]), dict(eager["summary"])
+    for key in ("wall_s", "sim_requests_per_wall_s", "cpu_s"):
+        a.pop(key), b.pop(key)
+    assert a == b
 
 
 def test_multi_step_without_a_host_tier():

@@ -23,15 +23,19 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="everybyte bench sim-speed", description=__doc__.split("\n")[0])
     p.add_argument("--sessions", type=int, default=1000)
     p.add_argument("--workers", type=int, default=64)
+    p.add_argument("--arrival-s", type=float, default=0.005,
+                   help="mean seconds between session starts; smaller loads the workers (worker_busy_fraction)")
     p.add_argument("--profile", action="store_true")
     p.add_argument("--json", default=None)
     p.add_argument("--compiled", action="store_true", help="Python vs the compiled control plane, side by side")
     p.add_argument("sim_args", nargs="*", help="more `sim run` flags after --")
     args = p.parse_args(argv)
+    if not args.arrival_s > 0:
+        p.error(f"--arrival-s must be > 0, got {args.arrival_s}")
     if args.compiled:
         return side_by_side(args)
     from everybyte.sim.cli import config_from, run_parser, run_sim
-    trace = f"synthetic:sessions={args.sessions},turns=6,arrival_s=0.005,seed=0"
+    trace = f"synthetic:sessions={args.sessions},turns=6,arrival_s={args.arrival_s},seed=0"
     run_args = run_parser().parse_args(["--workers", str(args.workers), "--kv-cache", "64MiB", "--kv-format",
                                         "nvfp4", "--trace", trace, *args.sim_args])
     prof = cProfile.Profile() if args.profile else None
@@ -50,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
            "meets_goal": (s["sim_requests_per_wall_s"] or 0) >= GOAL, "requests": s["requests"],
            "sim_requests_per_cpu_s": s["requests"] / s["cpu_s"] if s["cpu_s"] > 0 else None,
            "steps": s["steps"], "events": s["events"], "wall_s": s["wall_s"], "cpu_s": s["cpu_s"],
-           "simulated_seconds": s["simulated_seconds"], "workers": args.workers, "trace": trace,
+           "simulated_seconds": s["simulated_seconds"], "worker_busy_fraction": s["worker_busy_fraction"],
+           "workers": args.workers, "trace": trace,
            "prefix_cache": s.get("prefix_cache"), "compiled": s["compiled"], "interpreter": interpreter(),
            "note": "wall_s and cpu_s (its processor time) are the event loop only (trace generation and "
                    "worker construction excluded); one Python process, so one core"}
@@ -80,7 +85,8 @@ DECISIONS = ("requests", "steps", "events", "simulated_seconds")
 def side_by_side(args: argparse.Namespace) -> int:
     """The same run as Python and compiled, each in a fresh process (a module, once imported, is
     one or the other)."""
-    rest = ["--sessions", str(args.sessions), "--workers", str(args.workers), "--", *args.sim_args]
+    rest = ["--sessions", str(args.sessions), "--workers", str(args.workers), "--arrival-s", str(args.arrival_s),
+            "--", *args.sim_args]
     runs = {}
     for name, flag in (("python", "0"), ("compiled", "1")):
         done = subprocess.run([sys.executable, "-m", "everybyte.cli", "bench", "sim-speed", *rest],
@@ -101,6 +107,7 @@ def side_by_side(args: argparse.Namespace) -> int:
            "speedup_wall": py["wall_s"] / c["wall_s"] if c["wall_s"] > 0 else None,
            "same_decisions": all(py[k] == c[k] for k in DECISIONS),
            "decisions": {k: py[k] for k in DECISIONS}, "goal": GOAL,
-           "meets_goal": c["sim_requests_per_wall_s"] >= GOAL, "trace": py["trace"], "interpreter": c["interpreter"]}
+           "meets_goal": c["sim_requests_per_wall_s"] >= GOAL, "trace": py["trace"],
+           "worker_busy_fraction": c["worker_busy_fraction"], "interpreter": c["interpreter"]}
     emit(out, args.json)
     return 0

@@ -146,7 +146,7 @@ def run_sim(args, cfg: SimConfig) -> dict:
                     RunConfig(park=not args.no_park, park_min_gap_s=args.park_min_gap,
                               max_requests=args.max_requests, rate=args.rate,
                               multi_step=not args.no_multi_step),
-                    fleet.route, cost.weight_bytes(), fleet.disagg)
+                    fleet.route, cost.weight_bytes(), fleet.disagg, fleet.isolated)
     summary = runner.run()
     summary["fleet"] = fleet_summary(fleet, runner.turns, cost.weight_bytes())
     summary["links"] = link_stats(fleet)

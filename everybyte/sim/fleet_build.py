@@ -56,6 +56,8 @@ class Fleet:
     router: FleetRouter | None = None
     disagg: Disaggregation | None = None
     pod_lanes: dict[tuple[str, str], Lane] = field(default_factory=dict)
+    isolated: bool = False           # workers share nothing: no router reading them, no disaggregation,
+                                     # no shared tier or lane (runner.Runner's `isolated`)
 
 
 def roles_for(f: FleetConfig) -> list[str]:
@@ -110,7 +112,8 @@ def build_fleet(cfg: SimConfig, f: FleetConfig, calibration: StepFit | None = No
     info["fleet"] = {"roles": roles, "route": f.route, "router": None if router is None else "cluster/policy "
                      f"{router.decider.policy.name} over cluster/kv_index fed by the workers' KV events",
                      "disagg_threshold_tokens": f.disagg_threshold, "links": links}
-    return Fleet(cost, workers, info, roles, route, router, disagg, pod_lanes)
+    isolated = router is None and not fleet_tiers and not pod_lanes
+    return Fleet(cost, workers, info, roles, route, router, disagg, pod_lanes, isolated)
 
 
 def _pod_lanes(f: FleetConfig) -> tuple[dict[tuple[str, str], Lane], dict[str, int]]:

@@ -97,12 +97,17 @@ class RunConfig:
 class Runner:
     def __init__(self, trace: Trace, scaling: Scaling, space: TokenSpace, workers: list[SimWorker],
                  cfg: RunConfig, route: Callable[[SimRequest], int] | None = None, weights_bytes: int = 0,
-                 dispatch: Callable[["Runner", SimRequest, Sequence, SessionState], bool] | None = None) -> None:
+                 dispatch: Callable[["Runner", SimRequest, Sequence, SessionState], bool] | None = None,
+                 isolated: bool = False) -> None:
         """dispatch(runner, request, seq, state): a hook that may take a turn instead of route
-        (True), e.g. disaggregated prefill (sim/fleet_disagg), submitting it later itself."""
+        (True), e.g. disaggregated prefill (sim/fleet_disagg), submitting it later itself.
+        isolated: no worker's state is read outside its own events (a route that reads no worker,
+        no disaggregation, no tier or link shared between workers; sim/fleet_build.Fleet.isolated),
+        so an arrival catches up only the runs of the workers it touches."""
         self.trace, self.scaling, self.space, self.workers, self.cfg = trace, scaling, space, workers, cfg
         self.route = route or SessionSticky(len(workers))
         self.dispatch = dispatch
+        self.isolated = isolated
         self.side: dict[str, Callable[[RequestOutput, SimWorker], None]] = {}       # request id -> what to do when a non-turn request finishes
         self.weights_bytes = weights_bytes
         self.events: Events = new_event_queue()              # what, by (time, kind, tie, n)
@@ -137,9 +142,14 @@ class Runner:
                 w.core.advance_decode(run, run.steps_before(t) - run.done)
 
     def _stop_run(self, w: SimWorker) -> None:
-        """Something outside changes the worker now: the rest of its run is dropped; it steps next
-        where it would have (its clock: the end of the last step applied)."""
-        if self.runs.pop(w.index, None) is not None:
+        """Something outside changes the worker now: its run's steps that start before now happen
+        (when _catch_up has not applied them), the rest is dropped; it steps next where it would
+        have (its clock: the end of the last step applied)."""
+        planned = self.runs.pop(w.index, None)
+        if planned is not None:
+            run = planned[1]
+            if run.done < run.steps and run.times[run.done] < self.now:
+                w.core.advance_decode(run, run.steps_before(self.now) - run.done)
             self._wake(w, w.clock.now, replace=True)
 
     def run(self) -> dict[str, Any]:
@@ -171,7 +181,7 @@ class Runner:
                 if self.step_event.get(w.index) == n:
                     self._step(w)
                 continue
-            if self.runs:                                           # an outside event: runs catch up first
+            if self.runs and not (kind == ARRIVE and self.isolated):   # an outside event: runs catch up first
                 self._catch_up(t)
             if kind == ARRIVE:
                 if isinstance(what, int):                            # a session's first turn

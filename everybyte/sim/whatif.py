@@ -180,7 +180,7 @@ def run_point(cfg: WhatIfConfig, hw_name: str, s: Scenario, trace: Trace, scalin
     n = per_gpu * gpus
     runner = Runner(workload(trace, n, cfg.turns), scaling, TokenSpace.compact(), workers,
                     RunConfig(park=True, rate=n / cfg.start_window_s), fleet.route, cost.weight_bytes(),
-                    fleet.disagg)
+                    fleet.disagg, fleet.isolated)
     sm = runner.run()
     tpot = sm["tpot_s"]["p50"]
     watts, _ = watts_per_gpu(hw_name)

@@ -54,6 +54,12 @@ def rare_collections() -> Iterator[None]:
         gc.set_threshold(*old)
 
 
+def _apply_before(w: SimWorker, run: DecodeRun, t: float) -> None:
+    """The run's steps that start before t happen now (none when its next one starts at t or later)."""
+    if run.times[run.done] < t:
+        w.core.advance_decode(run, run.steps_before(t) - run.done)
+
+
 @dataclass
 class SimRequest:
     session_id: str          # the agent (or sub-agent) session the turn belongs to
@@ -138,8 +144,7 @@ class Runner:
     def _catch_up(self, t: float) -> None:
         """Every planned run's steps that start before t happen now (an arrival at t is next)."""
         for w, run in self.runs.values():
-            if run.times[run.done] < t:       # its next step starts before t
-                w.core.advance_decode(run, run.steps_before(t) - run.done)
+            _apply_before(w, run, t)
 
     def _stop_run(self, w: SimWorker) -> None:
         """Something outside changes the worker now: its run's steps that start before now happen
@@ -147,9 +152,7 @@ class Runner:
         have (its clock: the end of the last step applied)."""
         planned = self.runs.pop(w.index, None)
         if planned is not None:
-            run = planned[1]
-            if run.done < run.steps and run.times[run.done] < self.now:
-                w.core.advance_decode(run, run.steps_before(self.now) - run.done)
+            _apply_before(w, planned[1], self.now)
             self._wake(w, w.clock.now, replace=True)
 
     def run(self) -> dict[str, Any]:

@@ -102,6 +102,21 @@ def test_remote_blocks_check_every_frame_and_the_namespace(server):
     assert not remote.contains(NAMES[0])                 # asked for once, then forgotten
 
 
+def test_expected_blocks_expire_in_order_when_one_is_expected_again():
+    now = [0.0]
+    remote = RemoteBlocks({"tcp": ZmqConnector(timeout_s=5)}, DIGEST, clock=lambda: now[0])
+    a, b, c = NAMES
+    remote.expect(TransferParams("tcp://127.0.0.1:5", DIGEST, (a, b), 32))         # until 120
+    now[0] = 100.0
+    remote.expect(TransferParams("tcp://127.0.0.1:6", DIGEST, (a,), 16))           # a again: until 220
+    now[0] = 130.0
+    remote.expect(TransferParams("tcp://127.0.0.1:5", DIGEST, (c,), 16))           # b has expired: dropped
+    assert len(remote) == 2 and remote.contains_many([a, b, c]) == [True, False, True]
+    now[0] = 221.0
+    remote.expect(TransferParams("tcp://127.0.0.1:5", DIGEST, (), 0))
+    assert len(remote) == 1 and remote.contains_many([a, b, c]) == [False, False, True]
+
+
 def test_transfer_params_are_checked():
     assert transfer_kind(None) is None and transfer_kind({"do_remote_decode": True}) == "decode"
     good = TransferParams("tcp://127.0.0.1:5", DIGEST, tuple(NAMES), 48).to_json()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Protocol
 
@@ -114,7 +115,7 @@ class RemoteBlocks(TierBackend):
         self.capacity_bytes = 0                        # holds nothing itself
         self.connectors, self.digest, self.clock = connectors, digest, clock
         self._lock = threading.Lock()
-        self._where: dict[bytes, tuple[str, float]] = {}      # name -> (endpoint, expiry)
+        self._where: OrderedDict[bytes, tuple[str, float]] = OrderedDict()   # name -> (endpoint, expiry), by expiry
         self.paths: dict[str, PathStats] = {}
         self.refused = 0
 
@@ -133,13 +134,17 @@ class RemoteBlocks(TierBackend):
             self.refused += 1
             raise TransferRefused(f"peer namespace {params.namespace_digest.hex()[:12]} is not this worker's "
                                   f"{self.digest.hex()[:12]} (other model, KV format or scales)")
-        until = self.clock() + EXPECT_TTL_S
         with self._lock:
             now = self.clock()
-            for name in [n for n, (_, t) in self._where.items() if t < now]:
-                del self._where[name]
+            where, until = self._where, now + EXPECT_TTL_S
+            while where:                       # the expired, oldest first (a full scan per call was
+                name, (_, t) = next(iter(where.items()))      # quadratic in the blocks expected)
+                if t >= now:
+                    break
+                del where[name]
             for name in params.block_hashes:
-                self._where[name] = (params.remote_endpoint, until)
+                where[name] = (params.remote_endpoint, until)
+                where.move_to_end(name)        # kept in expiry order
         return len(params.block_hashes)
 
     def _path(self, name: str) -> PathStats:

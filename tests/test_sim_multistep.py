@@ -119,6 +119,31 @@ def test_a_run_stops_before_a_finish_and_applies_like_single_steps():
     assert a.core.plan_decode() is None                 # r0's last token is next: a real step
 
 
+class _LooksForStops:                                  # a stop checker (the detokenizer's interface)
+    text = ""
+
+    def add(self, token):
+        return None
+
+    def stable_text(self):
+        return ""
+
+
+def test_no_run_while_a_request_looks_for_stop_strings():
+    """Stop strings need every token: a core plans no run while any request has a checker, and
+    plans again once those requests have finished or been aborted."""
+    a, _ = _core_pair()
+    for i, (n, stop) in enumerate(((30, None), (3, _LooksForStops()), (30, _LooksForStops()))):
+        a.core.add(Sequence([2000 + 5 * i + j for j in range(20)], SamplingParams(temperature=0.0, max_tokens=n,
+                                                                               ignore_eos=True), f"r{i}"), stop)
+    a.core.step()
+    assert a.core.plan_decode() is None
+    assert any(o.finished and o.request_id == "r1" for _ in range(3) for o in a.core.step())
+    assert a.core.plan_decode() is None                 # r2 still looks for stop strings
+    a.core.abort("r2")
+    assert a.core.plan_decode() is not None
+
+
 def test_final_only_outputs_only_finished_requests():
     """The simulator's cores output finished requests only (EngineCore.final_only); the stream of
     a core that outputs every step finishes the same requests with the same outputs."""

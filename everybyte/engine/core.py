@@ -79,6 +79,7 @@ class EngineCore:
         self.eos_token_ids = set(eos_token_ids)
         self.max_model_len = max_model_len or scheduler.max_model_len
         self.requests: dict[str, CoreRequest] = {}
+        self._with_stop_checker = 0       # requests whose checker looks for stop strings (no decode runs)
         self.on_finish: Callable[[Sequence], None] | None = None    # e.g. publish its KV (engine/kv_transfer)
         # called once per step with the scheduling decision and what the executor did (None when
         # nothing ran): the simulator's decision-equivalence check records both engines with it
@@ -101,16 +102,23 @@ class EngineCore:
 
     def add(self, seq: Sequence, stop: StopChecker | None = None) -> str:
         self.check(seq)
-        self.requests[seq.request_id] = CoreRequest(seq, stop or _NoText())
+        req = self.requests[seq.request_id] = CoreRequest(seq, stop or _NoText())
+        self._with_stop_checker += type(req.stop) is not _NoText
         self.scheduler.add(seq)
         return seq.request_id
 
     def abort(self, request_id: str) -> RequestOutput | None:
-        req = self.requests.pop(request_id, None)
+        req = self._drop(request_id)
         if req is None or self.scheduler.abort(request_id) is None:
             return None
         self.executor.release(request_id)
         return self.output(req)
+
+    def _drop(self, request_id: str) -> CoreRequest | None:
+        req = self.requests.pop(request_id, None)
+        if req is not None:
+            self._with_stop_checker -= type(req.stop) is not _NoText
+        return req
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -150,7 +158,7 @@ class EngineCore:
             if self.on_finish is not None:
                 self.on_finish(seq)
             outputs.append(self.output(req))
-            del self.requests[seq.request_id]
+            self._drop(seq.request_id)
             self.executor.release(seq.request_id)
         return outputs
 
@@ -160,7 +168,7 @@ class EngineCore:
         until advance_decode; the caller applies the run's steps that start before any outside
         event (add, abort, park, resume, a tier load finishing: `until` must be at or before the
         next load's deadline) and plans again after it."""
-        if not all(type(r.stop) is _NoText for r in self.requests.values()):
+        if self._with_stop_checker:
             return None
         return decode_run.plan(self, until, max_steps)
 

@@ -51,6 +51,8 @@ class KVMemoryManager(SessionOps):
         self.sessions = SessionTable(max_sessions, session_idle_s, clock.time)
         self.offload_on_park = offload_on_park
         self.seqs: dict[int, SeqKV] = {}              # seq_id -> its KV state (from its first lookup)
+        self._made = 0                                # states made (SeqKV.order)
+        self._loads: dict[int, SeqKV] = {}            # seq_id -> the state of each sequence waiting for loads
         self._last_state: SeqKV | None = None         # the last one _state gave (while in seqs)
         self.query_tokens = self.hit_tokens = 0       # prompt tokens looked up / found in any tier
         self.mover = mover or pool_mover(pool, self.tiers, load_timeout_s, clock)
@@ -69,8 +71,8 @@ class KVMemoryManager(SessionOps):
 
     @property
     def loading(self) -> dict[int, SeqKV]:
-        """The sequences waiting (out of compute) for tier loads."""
-        return {i: st for i, st in self.seqs.items() if st.load is not None}
+        """The sequences waiting (out of compute) for tier loads, in the order their states were made."""
+        return dict(sorted(self._loads.items(), key=lambda kv: kv[1].order))
 
     def _state(self, seq: KVSequence) -> SeqKV:
         st = self._last_state                   # a step asks for the same sequence's several times
@@ -78,7 +80,8 @@ class KVMemoryManager(SessionOps):
             return st
         st = self.seqs.get(seq.seq_id)
         if st is None:
-            st = self.seqs[seq.seq_id] = SeqKV(seq)
+            st = self.seqs[seq.seq_id] = SeqKV(seq, self._made)
+            self._made += 1
         self._last_state = st
         return st
 
@@ -145,6 +148,7 @@ class KVMemoryManager(SessionOps):
             seq.num_computed_tokens, seq.kv_stored_until = n_hits * self.block_size, 0
             st.committed = n_hits
             st.load = PendingLoad(jobs, n_hits, ["G1"] * n_hits if levels is None else levels, first)
+            self._loads[seq.seq_id] = st
         else:
             self._admit(st, n_hits, levels, first)
 
@@ -208,12 +212,15 @@ class KVMemoryManager(SessionOps):
                 if job.prestage:
                     self.ledger.count("prestaged", len(job.loaded))
             self.cache.free(job.blocks)                       # the job's own references
+        if not self._loads:
+            return []
         ready = []
-        for st in list(self.seqs.values()):
+        done = [st for st in self.loading.values() if st.load is not None and all(job.finished for job in st.load.jobs)]
+        for st in done:                         # (not a scan of every sequence: many wait in a deep queue)
             load = st.load
-            if load is None or not all(job.finished for job in load.jobs):
-                continue
+            assert load is not None
             st.load = None
+            del self._loads[st.seq.seq_id]
             n, levels = load.ready, load.levels
             names, table = self._reusable(st.seq, st), st.seq.block_table
             while n < len(names) and self.cache.name_of(table[n]) == names[n]:
@@ -235,6 +242,7 @@ class KVMemoryManager(SessionOps):
     def deallocate(self, seq: KVSequence) -> None:
         st = self._state(seq)
         st.load = None                          # its jobs run on; they hold their own references
+        self._loads.pop(seq.seq_id, None)
         self._commit(seq, st)
         sid = seq.session_id
         if sid is not None:

@@ -48,6 +48,8 @@ class SeqKV:
     committed: int                      # leading blocks already named in the prefix cache
     holds_blocks: bool                  # allocated (not only looked up)
     load: PendingLoad | None            # set while it waits out of compute
+    order: int                          # when its manager made it: loads finish in this order
 
-    def __init__(self, seq: KVSequence) -> None:       # compiled (see engine.scheduler.SchedulerOutput)
+    def __init__(self, seq: KVSequence, order: int = 0) -> None:   # compiled (see engine.scheduler.SchedulerOutput)
         self.seq, self.names, self.committed, self.holds_blocks, self.load = seq, [], 0, False, None
+        self.order = order

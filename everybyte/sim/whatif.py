@@ -13,6 +13,7 @@ from everybyte.sim import expert_imbalance
 from everybyte.sim.build import SimConfig
 from everybyte.sim.fleet_build import FleetConfig, build_fleet
 from everybyte.sim.hardware import get_hardware
+from everybyte.sim.row_pool import run_rows
 from everybyte.sim.runner import RunConfig, Runner
 from everybyte.sim.storage_links import LOCAL_NVME
 from everybyte.traces.model import Trace
@@ -230,31 +231,39 @@ def sweep(cfg: WhatIfConfig, hw_name: str, s: Scenario, trace: Trace, scaling: S
     return points
 
 
-def run_whatif(cfg: WhatIfConfig, trace: Trace, scaling: Scaling, progress=None) -> list[dict[str, Any]]:
-    rows = []
+def run_row(cfg: WhatIfConfig, trace: Trace, scaling: Scaling, hw_name: str, lever: str) -> dict[str, Any]:
+    """One table row: the lever's sweep on the hardware, or why it is not simulated."""
+    s = scenario_for(lever)
+    row: dict[str, Any] = {"hardware": hw_name, "lever": lever}
+    reason = s if isinstance(s, str) else None if lever in STACKED else why_not(hw_name, s)
+    if reason is not None:
+        return {**row, "simulated": False, "why_not": reason}
+    assert isinstance(s, Scenario)
+    if lever in STACKED:
+        s, row["dropped"] = fit_to(hw_name, s)
+    try:
+        points = sweep(cfg, hw_name, s, trace, scaling)
+    except ValueError as e:                            # e.g. the weights do not fit
+        return {**row, "simulated": False, "why_not": str(e),
+                "scenario": {**s.__dict__, "imbalance": imbalance_of(cfg, s)}}
+    at = {f"{x:g}": at_interactivity(points, x, cfg.max_ttft_s) for x in cfg.interactivity}
+    return {**row, "simulated": True, "scenario": {**s.__dict__, "imbalance": imbalance_of(cfg, s)},
+            "points": points, "at": at}
+
+
+def run_whatif(cfg: WhatIfConfig, trace: Trace, scaling: Scaling, progress=None, jobs: int = 1) -> list[dict[str, Any]]:
+    """Every (hardware, lever) row, in that order; jobs > 1 runs rows in that many processes
+    (sim/row_pool: the rows are independent and each is deterministic, so the table is the same)."""
     for hw_name in cfg.hardware:
         get_hardware(hw_name)                                  # an unknown name lists the known ones
-        for lever in cfg.levers:
-            if lever not in LEVERS:
-                raise ValueError(f"unknown lever {lever!r}; known: {', '.join(LEVERS)}")
-            s = scenario_for(lever)
-            row: dict[str, Any] = {"hardware": hw_name, "lever": lever}
-            reason = s if isinstance(s, str) else None if lever in STACKED else why_not(hw_name, s)
-            if reason is not None:
-                rows.append({**row, "simulated": False, "why_not": reason})
-                continue
-            assert isinstance(s, Scenario)
-            if lever in STACKED:
-                s, row["dropped"] = fit_to(hw_name, s)
-            try:
-                points = sweep(cfg, hw_name, s, trace, scaling)
-            except ValueError as e:                            # e.g. the weights do not fit
-                rows.append({**row, "simulated": False, "why_not": str(e),
-                             "scenario": {**s.__dict__, "imbalance": imbalance_of(cfg, s)}})
-                continue
-            at = {f"{x:g}": at_interactivity(points, x, cfg.max_ttft_s) for x in cfg.interactivity}
-            rows.append({**row, "simulated": True, "scenario": {**s.__dict__, "imbalance": imbalance_of(cfg, s)},
-                         "points": points, "at": at})
-            if progress:
-                progress(rows[-1])
-    return rows
+    for lever in cfg.levers:
+        if lever not in LEVERS:
+            raise ValueError(f"unknown lever {lever!r}; known: {', '.join(LEVERS)}")
+    tasks = [(hw_name, lever) for hw_name in cfg.hardware for lever in cfg.levers]
+    return run_rows(run_row, (cfg, trace, scaling), tasks, jobs, progress, [_gpus(lever) for _, lever in tasks])
+
+
+def _gpus(lever: str) -> int:
+    """GPUs a lever's row simulates: its sessions, and so its cost, grow with them."""
+    s = scenario_for(lever)
+    return 0 if isinstance(s, str) else s.ep * s.workers

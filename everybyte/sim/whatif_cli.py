@@ -13,6 +13,7 @@ from everybyte.sim import expert_imbalance
 from everybyte.sim.expert_parallel import ExpertParallel
 from everybyte.sim.fleet_links import POD_FLASH
 from everybyte.sim.models import get_model
+from everybyte.sim.row_pool import usable_cpus
 from everybyte.sim.storage_links import tier_bytes
 from everybyte.sim.whatif import (
     DISAGG_PREFILL_WORKERS,
@@ -34,6 +35,16 @@ from everybyte.traces.locate import default_trace
 from everybyte.traces.scaling import Scaling
 
 PROG = "everybyte sim whatif"
+
+
+def _jobs(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"needs a whole number of processes, at least 1; got {text!r}")
+    return n
 
 
 def parser() -> argparse.ArgumentParser:
@@ -60,6 +71,8 @@ def parser() -> argparse.ArgumentParser:
                    help="max/mean tokens per GPU under EP: cited (DeepSeek-R1's EP32 pair, 2.56 / 1.11 with EPLB, at "
                         "every degree) or derived (per EP degree from an expert-load model fitted to that pair: "
                         "sim/expert_imbalance)")
+    p.add_argument("--jobs", type=_jobs, default=None, help="rows simulated at once, each in its own process "
+                   "(default: the usable CPUs, at most one per row; 1: in this process)")
     p.add_argument("--out", default=None, help="directory for whatif.json, whatif.md, whatif.png")
     p.add_argument("--json", default=None)
     return p
@@ -152,12 +165,16 @@ def main(argv: list[str]) -> int:
         def progress(row):
             print(f"{PROG}: {row['hardware']} {row['lever']} done", file=sys.stderr)
 
-        rows = run_whatif(cfg, trace, scaling, progress)
+        jobs = args.jobs or min(usable_cpus(), len(cfg.hardware) * len(cfg.levers))
+        rows = run_whatif(cfg, trace, scaling, progress, jobs)
         result = {"benchmark": "sim-whatif", "config": asdict(cfg), "rows": rows,
                   "claims": claims(rows, cfg.mark), "assumptions": assumptions(cfg, trace, scaling, path)}
     except (ValueError, TraceError, OSError) as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2
+    except RuntimeError as e:                   # a worker process died
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 1
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "whatif.md"), "w") as f:

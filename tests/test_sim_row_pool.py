@@ -1,13 +1,15 @@
 """`sim whatif --jobs`: rows in worker processes give the table one process gives, in order; a
-worker that dies is a clear error; a bad count is refused."""
+worker that dies is a clear error; the default count fits the CPUs, the rows and free memory; a bad
+count is refused."""
 import json
 import os
 import time
 
 import pytest
 
+from everybyte.sim import row_pool
 from everybyte.sim.cli import main as sim_main
-from everybyte.sim.row_pool import run_rows
+from everybyte.sim.row_pool import default_jobs, run_rows
 
 TRACE = "synthetic:sessions=4,turns=2,system_tokens=4096,first_tokens=4096,append_tokens=2048,output_tokens=16,seed=2"
 
@@ -69,6 +71,15 @@ def test_whatif_in_two_processes_is_the_table_of_one(tmp_path):
     assert [(r["hardware"], r["lever"]) for r in two] == [(h, lv) for h in ("H200", "GB300-NVL72")
                                                          for lv in ("baseline", "nvfp4_weights", "ep32")]
     assert sum(r["simulated"] for r in one) >= 5 and two == one
+
+
+@pytest.mark.parametrize("cpus, free, tasks, jobs", [(16, 64 << 30, 48, 16), (16, 64 << 30, 5, 5),
+                                                      (16, 10 << 30, 48, 4), (16, 1 << 30, 48, 1),
+                                                      (16, None, 48, 16), (2, 64 << 30, 48, 2)])
+def test_the_default_count_fits_the_cpus_the_rows_and_free_memory(monkeypatch, cpus, free, tasks, jobs):
+    monkeypatch.setattr(row_pool, "usable_cpus", lambda: cpus)
+    monkeypatch.setattr(row_pool, "available_bytes", lambda: free)
+    assert default_jobs(tasks, 5 << 29) == jobs                     # 2.5 GiB a process
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "two"])

@@ -13,7 +13,7 @@ from everybyte.sim import expert_imbalance
 from everybyte.sim.expert_parallel import ExpertParallel
 from everybyte.sim.fleet_links import POD_FLASH
 from everybyte.sim.models import get_model
-from everybyte.sim.row_pool import usable_cpus
+from everybyte.sim.row_pool import default_jobs
 from everybyte.sim.storage_links import tier_bytes
 from everybyte.sim.whatif import (
     DISAGG_PREFILL_WORKERS,
@@ -35,6 +35,7 @@ from everybyte.traces.locate import default_trace
 from everybyte.traces.scaling import Scaling
 
 PROG = "everybyte sim whatif"
+ROW_BYTES = 5 << 29           # 2.5 GiB for a row's process: no process of the default run went past 2.1 GB
 
 
 def _jobs(text: str) -> int:
@@ -72,7 +73,8 @@ def parser() -> argparse.ArgumentParser:
                         "every degree) or derived (per EP degree from an expert-load model fitted to that pair: "
                         "sim/expert_imbalance)")
     p.add_argument("--jobs", type=_jobs, default=None, help="rows simulated at once, each in its own process "
-                   "(default: the usable CPUs, at most one per row; 1: in this process)")
+                   "(default: the usable CPUs, at most one per row and one per 2.5 GB of free memory; 1: in "
+                   "this process)")
     p.add_argument("--out", default=None, help="directory for whatif.json, whatif.md, whatif.png")
     p.add_argument("--json", default=None)
     return p
@@ -165,7 +167,7 @@ def main(argv: list[str]) -> int:
         def progress(row):
             print(f"{PROG}: {row['hardware']} {row['lever']} done", file=sys.stderr)
 
-        jobs = args.jobs or min(usable_cpus(), len(cfg.hardware) * len(cfg.levers))
+        jobs = args.jobs or default_jobs(len(cfg.hardware) * len(cfg.levers), ROW_BYTES)
         rows = run_whatif(cfg, trace, scaling, progress, jobs)
         result = {"benchmark": "sim-whatif", "config": asdict(cfg), "rows": rows,
                   "claims": claims(rows, cfg.mark), "assumptions": assumptions(cfg, trace, scaling, path)}

@@ -78,7 +78,7 @@ def test_whatif_in_two_processes_is_the_table_of_one(tmp_path):
                                                       (16, None, 48, 16), (2, 64 << 30, 48, 2)])
 def test_the_default_count_fits_the_cpus_the_rows_and_free_memory(monkeypatch, cpus, free, tasks, jobs):
     monkeypatch.setattr(row_pool, "usable_cpus", lambda: cpus)
-    monkeypatch.setattr(row_pool, "available_bytes", lambda: free)
+    monkeypatch.setattr(row_pool, "available_memory_bytes", lambda: free)
     assert default_jobs(tasks, 5 << 29) == jobs                     # 2.5 GiB a process
 
 

@@ -16,27 +16,13 @@ import logging
 import os
 
 from everybyte.kv.data.pool import format_size, min_pool_bytes, parse_size
+from everybyte.native.host_memory import available_memory_bytes
 
 log = logging.getLogger(__name__)
 
 ENV = "EVERYBYTE_KV_CACHE_SPACE"
 DEFAULT_FLOOR = 64 << 20
 AVAILABLE_SHARE = 0.25
-
-
-def available_memory_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo (Linux), else free physical pages; None when unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def is_auto(kv_cache_bytes) -> bool:

@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from everybyte.native.host_memory import total_memory_bytes
+
 Figures = dict[str, tuple[float, str]]
 
 KEYS = {
@@ -152,17 +154,6 @@ def get_hardware(name: str) -> Hardware:
     return CATALOG[key]
 
 
-def _meminfo_total() -> float | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024.0
-    except OSError:
-        pass
-    return None
-
-
 @lru_cache(maxsize=1)
 def measure_cpu(seconds: float = 0.2) -> Hardware:
     """This machine's CPU, measured now: FP32 matmul FLOP/s and memory copy bandwidth (numpy,
@@ -189,6 +180,6 @@ def measure_cpu(seconds: float = 0.2) -> Hardware:
     figures: Figures = {"flops_fp32": (flops, f"{how}: best {n}x{n} fp32 matmul"),
                         "hbm_bytes_per_s": (bw, f"{how}: best 8 MiB copy, read + write bytes"),
                         "host_bytes_per_s": (bw, f"{how}: host tier = the same memory, same copy")}
-    if (total := _meminfo_total()) is not None:
-        figures["hbm_bytes"] = (total, f"{how}: /proc/meminfo MemTotal")
+    if (total := total_memory_bytes()) is not None:
+        figures["hbm_bytes"] = (float(total), f"{how}: /proc/meminfo MemTotal")
     return Hardware(CPU, "this machine's CPU as the device (memory = RAM)", figures)

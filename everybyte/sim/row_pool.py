@@ -10,6 +10,8 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable
 
+from everybyte.native.host_memory import available_memory_bytes
+
 _shared: tuple[Any, ...] = ()
 
 
@@ -29,19 +31,11 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def available_bytes() -> int | None:
-    """Memory free for new processes now (None where the system does not say)."""
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
 def default_jobs(tasks: int, bytes_per_job: int) -> int:
     """One process per usable CPU, at most one per task, and no more than free memory holds at
     bytes_per_job each (at least one)."""
     jobs = min(usable_cpus(), tasks)
-    free = available_bytes()
+    free = available_memory_bytes()
     if free is not None:
         jobs = min(jobs, free // bytes_per_job)
     return max(1, jobs)

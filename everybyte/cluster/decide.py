@@ -51,13 +51,12 @@ class Decider:
         if not candidates:
             raise NoWorker("no worker to route to")
         names_by_ns: dict[KVNamespace, list[bytes]] = {}
-        overlaps: dict[str, Overlap] = {}
+        overlaps: dict[str, Overlap] = {}            # only the workers holding some of the prefix
         if tokens:
-            for ns in {w.namespace for w in candidates if w.namespace is not None}:
+            for ns, group in _by_namespace(candidates):
                 names_by_ns[ns] = block_names(ns, tokens, salt)
-                group = [w.url for w in candidates if w.namespace == ns]
                 with self.lock:
-                    overlaps.update(self.index.overlap(names_by_ns[ns], group))
+                    overlaps.update(self.index.reached(names_by_ns[ns], group))
         block_size = candidates[0].namespace.block_size if candidates[0].namespace else 16
         home = self.sessions.get(session) if session else None
         new_session = session is not None and home is None
@@ -94,6 +93,24 @@ class Decider:
         self.sessions.move_to_end(session)
         while len(self.sessions) > MAX_SESSIONS:
             self.sessions.popitem(last=False)
+
+
+def _by_namespace(candidates: Sequence[Worker]) -> list[tuple[KVNamespace, list[str]]]:
+    """The candidates' urls grouped by namespace, in first-seen order. Equal namespaces have equal
+    digests, which hash and compare faster than the namespaces' fields (a router asks per request)."""
+    spaces = [w.namespace for w in candidates]
+    first = spaces[0]
+    if first is not None and spaces.count(first) == len(spaces):   # one namespace (count tries `is` first)
+        return [(first, [w.url for w in candidates])]
+    groups: dict[bytes, tuple[KVNamespace, list[str]]] = {}
+    for w in candidates:
+        if w.namespace is not None:
+            found = groups.get(w.namespace.digest)
+            if found is None:
+                groups[w.namespace.digest] = (w.namespace, [w.url])
+            else:
+                found[1].append(w.url)
+    return list(groups.values())
 
 
 def disagg_wanted(plan: Plan, threshold: int, prefill_workers: bool) -> bool:

@@ -10,6 +10,7 @@ by content). Pure Python, no torch; not thread-safe (cluster/routing holds a loc
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Iterable, Sequence
 
 from everybyte.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
@@ -19,7 +20,7 @@ _TIER_INDEX = {t: i for i, t in enumerate(TIERS)}
 _SHARED = _TIER_INDEX["G3.5"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Overlap:
     """Prefix depths in blocks, cumulative by tier: g1 <= g12 <= g123 <= total (G3.5 included)."""
     g1: int = 0
@@ -40,6 +41,8 @@ class KVIndex:
         self._held: dict[str, list[set[bytes]]] = {}          # worker -> per tier, the names it holds
         self._group_of: dict[str, str] = {}                   # worker -> namespace digest
         self._group_masks: dict[str, int] = {}                # digest -> bitset of its workers
+        self._at: dict[int, str] = {}                         # slot -> worker
+        self._masks: dict[tuple[str, ...], int] = {}          # a group of workers -> its bitset
         self.events_applied = 0
 
     # ---- workers ---------------------------------------------------------------------------
@@ -47,7 +50,9 @@ class KVIndex:
         if worker not in self._slots:
             slot = self._free_slots.pop() if self._free_slots else len(self._slots)
             self._slots[worker] = slot
+            self._at[slot] = worker
             self._held[worker] = [set() for _ in TIERS]
+            self._masks.clear()
         old = self._group_of.get(worker)
         if old != namespace_digest:
             if old is not None:
@@ -73,8 +78,10 @@ class KVIndex:
         self._group_masks[group] &= ~self.bit(worker)
         if not self._group_masks[group]:
             del self._group_masks[group]
-        self._free_slots.append(self._slots.pop(worker))
-        del self._held[worker]
+        slot = self._slots.pop(worker)
+        del self._at[slot], self._held[worker]
+        self._free_slots.append(slot)
+        self._masks.clear()
 
     def held(self, worker: str, tier: str) -> int:
         """Blocks the worker holds in one tier (0 for an unknown worker)."""
@@ -126,20 +133,25 @@ class KVIndex:
     # ---- queries ---------------------------------------------------------------------------
     def overlap(self, block_hashes: Sequence[bytes], workers: Sequence[str] | None = None) -> dict[str, Overlap]:
         """Per worker, how deep the request's chained blocks reach in each cumulative tier set."""
-        names = self.workers if workers is None else [w for w in workers if w in self._slots]
-        out = {w: Overlap() for w in names}
+        names = self._known(workers)
+        reached = self.reached(block_hashes, names)
+        return {w: reached.get(w) or Overlap() for w in names}
+
+    def reached(self, block_hashes: Sequence[bytes], workers: Sequence[str] | None = None) -> dict[str, Overlap]:
+        """overlap() of only the workers that hold at least the first block in some tier (the
+        others reach nothing): what a router needs from one walk, without one entry per worker."""
+        names = self._known(workers)
         if not names or not block_hashes:
-            return out
-        everyone = 0
-        for w in names:
-            everyone |= self.bit(w)
+            return {}
+        everyone = self._mask(names)
         g1, g2, g3, g35 = self._holders
         alive = [everyone] * 4                   # still matching: G1, +G2, +G3, +G3.5
-        ended: list[dict[int, int]] = [{}, {}, {}, {}]
-        for i, h in enumerate(block_hashes):
-            m1 = g1.get(h, 0)
-            if not alive[3] & ~m1:               # all still matching have it in G1 (the tiers nest): no change
+        widest = everyone                        # alive[3]
+        ended: list[list[tuple[int, int]]] = [[], [], [], []]   # per tier: (workers whose walk ended, depth)
+        for i, m1 in enumerate(map(g1.get, block_hashes, repeat(0))):
+            if not widest & ~m1:                 # all still matching have it in G1 (the tiers nest): no change
                 continue
+            h = block_hashes[i]
             m12 = m1 | g2.get(h, 0)
             m123 = m12 | g3.get(h, 0)
             shared = g35.get(h, 0)
@@ -147,15 +159,53 @@ class KVIndex:
             for k in range(4):
                 gone = alive[k] & ~masks[k]
                 if gone:
-                    _record(ended[k], gone, i)
+                    ended[k].append((gone, i))
                     alive[k] &= masks[k]
-            if not alive[3]:                     # the tiers nest, so every worker's walk has ended
+            widest = alive[3]
+            if not widest:                       # the tiers nest, so every worker's walk has ended
                 break
+        # a worker's walk ends at most once per tier; those whose walk in the widest tier set
+        # ended at block 0 reach nothing in any tier. The rest fall into a few groups of equal
+        # depths (a prompt prefix most workers hold): one Overlap per group.
+        some = everyone & ~(ended[3][0][0] if ended[3] and ended[3][0][1] == 0 else 0)
         n = len(block_hashes)
-        for w in names:
-            s = self._slots[w]
-            out[w] = Overlap(*(ended[k].get(s, n) for k in range(4)))
+        groups = [(some, [n, n, n, n])]
+        for k in range(4):
+            for mask, depth in ended[k]:
+                split = []
+                for g, depths in groups:
+                    part = g & mask
+                    if part == g:
+                        depths[k] = depth
+                    elif part:
+                        split.append((part, depths[:k] + [depth] + depths[k + 1:]))
+                        g &= ~mask
+                    split.append((g, depths))
+                groups = split
+        out, at = {}, self._at
+        for g, depths in groups:
+            o = Overlap(*depths)
+            while g:
+                low = g & -g
+                g ^= low
+                out[at[low.bit_length() - 1]] = o
         return out
+
+    def _known(self, workers: Sequence[str] | None) -> list[str]:
+        return self.workers if workers is None else [w for w in workers if w in self._slots]
+
+    def _mask(self, names: list[str]) -> int:
+        """The bitset of these workers' slots (cached: a router asks for the same group each time)."""
+        key = tuple(names)
+        mask = self._masks.get(key)
+        if mask is None:
+            if len(self._masks) >= 64:
+                self._masks.clear()
+            mask = 0
+            for w in names:
+                mask |= self.bit(w)
+            self._masks[key] = mask
+        return mask
 
     def _expand_shared(self, holders: int) -> int:
         """Every worker whose namespace matches a worker that put the block in the pod-shared tier."""
@@ -164,10 +214,3 @@ class KVIndex:
             if holders & mask:
                 out |= mask
         return out
-
-
-def _record(ended: dict[int, int], mask: int, depth: int) -> None:
-    while mask:
-        low = mask & -mask
-        ended[low.bit_length() - 1] = depth
-        mask ^= low

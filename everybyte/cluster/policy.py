@@ -33,6 +33,7 @@ HOME_MIN_MATCH = 0.5
 # times the lightest's plus the session's own prompt (SGLang's balance_rel/abs thresholds, in blocks;
 # 4 rather than 2: on the shared agent sessions 2 moved 5 sessions and 4 moved 2, as plain cost does).
 BALANCE_REL = 4.0
+NOTHING = Overlap()                        # a worker that holds none of the prompt's prefix
 
 
 @dataclass
@@ -52,7 +53,7 @@ class Request:
 class Decision:
     worker: Worker
     cost: float = 0.0
-    overlap: Overlap = field(default_factory=Overlap)
+    overlap: Overlap = NOTHING
     prefill_blocks: float = 0.0          # what the worker computes (lower tiers priced), for its queue
 
 
@@ -64,14 +65,14 @@ def prefill_blocks(req: Request, w: Worker, o: Overlap) -> float:
     return missing + sum(n * w.load_fraction(t) for t, n in o.by_tier().items() if n and t != "G1")
 
 def kv_cost(req: Request, w: Worker, overlap_weight: float) -> float:
-    o = req.overlaps.get(w.url, Overlap())
+    o = req.overlaps.get(w.url, NOTHING)
     return overlap_weight * prefill_blocks(req, w, o) + w.active_blocks + req.blocks
 
 
 def time_to_kv(req: Request, w: Worker) -> float:
     """Blocks' worth of prefill before this request's KV is ready on `w`: the router's queued prefill
     there plus this request's own."""
-    return w.queued_prefill_blocks + prefill_blocks(req, w, req.overlaps.get(w.url, Overlap()))
+    return w.queued_prefill_blocks + prefill_blocks(req, w, req.overlaps.get(w.url, NOTHING))
 
 
 class Policy:
@@ -100,7 +101,7 @@ class Policy:
         return self._decision(req, w)
 
     def _kv(self, req: Request, candidates: Sequence[Worker]) -> Decision:
-        costs = [kv_cost(req, w, self.overlap_weight) for w in candidates]
+        costs = self._kv_costs(req, candidates)
         best = min(costs)
         ties = [i for i, c in enumerate(costs) if c == best]
         n = len(candidates)
@@ -122,6 +123,24 @@ class Policy:
             w, cost = candidates[j], costs[j]
         self._next += 1
         return self._decision(req, w, cost)
+
+    def _kv_costs(self, req: Request, candidates: Sequence[Worker]) -> list[float]:
+        """kv_cost of each candidate, each sum in kv_cost's order. Many workers share one Overlap
+        (the index's groups: no prefix, a prefix most hold); without lower-tier blocks the
+        prefill part depends on the Overlap alone, so it is computed once per Overlap."""
+        ow, overlaps, blocks = self.overlap_weight, req.overlaps, req.blocks
+        weighted: dict[int, float] = {id(NOTHING): ow * prefill_blocks(req, candidates[0], NOTHING)}
+        costs = []
+        for w in candidates:
+            o = overlaps.get(w.url, NOTHING)
+            if o.total != o.g1:                  # lower-tier loads at this worker's prices
+                costs.append(kv_cost(req, w, ow))
+                continue
+            part = weighted.get(id(o))
+            if part is None:
+                part = weighted[id(o)] = ow * prefill_blocks(req, w, o)
+            costs.append(part + w.active_blocks + blocks)
+        return costs
 
     @staticmethod
     def _leave_home(req: Request, candidates: Sequence[Worker], costs: list[float], home: int, pick: int) -> int:
@@ -151,13 +170,13 @@ class Policy:
         for j, c in enumerate(candidates):
             if c.url == req.session_worker:
                 return j
-        depth = [req.overlaps.get(c.url, Overlap()).total for c in candidates]
+        depth = [req.overlaps.get(c.url, NOTHING).total for c in candidates]
         deepest = max(depth)
         if deepest <= HOME_MIN_MATCH * req.blocks or depth.count(deepest) > 1:
             return None
         return depth.index(deepest)
 
     def _decision(self, req: Request, w: Worker, cost: float = 0.0) -> Decision:
-        o = req.overlaps.get(w.url, Overlap())
+        o = req.overlaps.get(w.url, NOTHING)
         return Decision(w, cost, o, prefill_blocks(req, w, o))
 

@@ -52,9 +52,13 @@ class Worker:
         cap = load.get("max_num_seqs")
         return cap is not None and int(load.get("num_running") or 0) >= int(cap)
 
+    @property
+    def speeds(self) -> dict[str, Any]:
+        return (self.info or {}).get("speeds") or {}
+
     def load_fraction(self, tier: str) -> float:
         """Seconds to load one token from `tier` over seconds to prefill one, clamped to [0, 1]."""
-        speeds = (self.info or {}).get("speeds") or {}
+        speeds = self.speeds
         prefill, load = speeds.get("prefill_tok_s"), (speeds.get("load_tok_s") or {}).get(tier)
         if prefill and load:
             return min(1.0, max(0.0, float(prefill) / float(load)))

@@ -53,18 +53,18 @@ class EventLog:
 
     def __init__(self, namespace: bytes, listener: Callable[[KVEvent], None] | None = None):
         self.namespace, self.listener = namespace, listener
-        self._pending: list[KVEvent] = []
+        self.pending: list[KVEvent] = []             # not drained yet (read it to see whether any wait)
         self._lock = threading.Lock()
 
     def __call__(self, event: KVEvent) -> None:
         with self._lock:
-            self._pending.append(event)
+            self.pending.append(event)
         if self.listener is not None:
             self.listener(event)
 
     def drain(self) -> KVEventBatch:
         with self._lock:
-            batch, self._pending = KVEventBatch(self.namespace, self._pending), []
+            batch, self.pending = KVEventBatch(self.namespace, self.pending), []
         return batch
 
 

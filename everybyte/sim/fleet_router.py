@@ -4,7 +4,8 @@ cost and the home rule) and the router's bookkeeping (cluster/decide). Only the 
 differs: each worker's memory manager records its events (`KVMemoryManager.kv_events`, what
 `serve --kv-events` publishes) and the router applies them, in order, before each decision, and its
 load and speeds (TierSet.speeds, what serve/kv_info answers) are read when a request is routed
-instead of polled each second.
+instead of polled each second (read live when the policy asks: nothing in the fleet changes
+while a request is routed, so that is what a poll just before would have said).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 from everybyte.cluster.decide import Decider, Plan
 from everybyte.cluster.policy import Policy
 from everybyte.cluster.worker_state import Worker
+from everybyte.kv.block_id import KVNamespace
 from everybyte.kv.events import EventLog
 from everybyte.sim.runner import SimRequest
 from everybyte.sim.worker import SimWorker
@@ -25,13 +27,18 @@ class SimWorkerView(Worker):
     sim: Any = None
     role_name: str = "both"
 
-    def refresh(self) -> None:
-        mem, sched = self.sim.memory, self.sim.core.scheduler
-        if self.info is None:
-            self.info = {"role": self.role_name, "namespace_digest": self.namespace.digest.hex()}
-        self.info["speeds"] = mem.tiers.speeds()
-        self.info["load"] = {"num_running": len(sched.running), "num_waiting": len(sched.waiting) + len(sched.loading),
-                             "max_num_seqs": sched.max_num_seqs}
+    def __post_init__(self) -> None:
+        self.info = {"role": self.role_name, "namespace_digest": self.namespace.digest.hex()}
+
+    @property
+    def load(self) -> dict[str, Any]:
+        sched = self.sim.core.scheduler
+        return {"num_running": len(sched.running), "num_waiting": len(sched.waiting) + len(sched.loading),
+                "max_num_seqs": sched.max_num_seqs}
+
+    @property
+    def speeds(self) -> dict[str, Any]:
+        return self.sim.memory.tiers.speeds()
 
 
 class FleetRouter:
@@ -41,14 +48,15 @@ class FleetRouter:
     def __init__(self, workers: list[SimWorker], roles: list[str], policy: Policy):
         self.decider = Decider(policy)
         self.workers = workers
-        self.views = [SimWorkerView(f"sim://{w.index}", True, None, w.memory.ns.with_tenant(None), sim=w,
-                                    role_name=r) for w, r in zip(workers, roles)]
+        spaces: dict[KVNamespace, KVNamespace] = {}             # one object per namespace: the router
+        self.views = [SimWorkerView(f"sim://{w.index}", True, None,  # groups candidates by it per request
+                                    spaces.setdefault(ns := w.memory.ns.with_tenant(None), ns), sim=w, role_name=r)
+                      for w, r in zip(workers, roles)]
         self.index_of = {v.url: i for i, v in enumerate(self.views)}
         self.plans: dict[str, Plan] = {}             # request id -> its plan, until it finishes
         self.events = 0
         self._logs: list[tuple[str, EventLog]] = []
         for w, v in zip(workers, self.views):
-            v.refresh()
             self.decider.index.add_worker(v.url, v.digest)
             self._subscribe(w, v.url)
             w.core.observers.append(self._observer(v))
@@ -64,8 +72,8 @@ class FleetRouter:
         """Apply every worker's waiting KV events to the index (before it is read)."""
         index = self.decider.index
         for url, log in self._logs:
-            events = log.drain().events
-            if events:
+            if log.pending:
+                events = log.drain().events
                 index.apply(url, events)
                 self.events += len(events)
 
@@ -94,10 +102,7 @@ class FleetRouter:
 
     def candidates(self, roles: tuple[str, ...] = ("both", "decode"), digest: str | None = None) -> list[SimWorkerView]:
         self.flush()
-        out = [v for v in self.views if v.role_name in roles and (digest is None or v.digest == digest)]
-        for v in out:
-            v.refresh()
-        return out
+        return [v for v in self.views if v.role_name in roles and (digest is None or v.digest == digest)]
 
     def plan(self, tokens: list[int], session: str | None, roles: tuple[str, ...] = ("both", "decode"),
              digest: str | None = None) -> Plan:

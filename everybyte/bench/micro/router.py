@@ -6,8 +6,9 @@ session's chain cached on its home worker (G1, its older part in G2), some on a 
 part of the shared prompts in the pod-shared tier. The index is filled from KV event batches in
 the wire format (msgpack, as a worker publishes them), timing decode + apply: events/s. Then
 `--decisions` routing decisions for session continuations and new sessions (names given, as the
-router has them after hashing): overlap over every worker + Dynamo's cost + pick, p50/p99. The
-block-hashing step a real request adds (kv/block_id over the prompt) is timed separately.
+router has them after hashing): the index walk (the depths of every worker holding some of the
+prefix) + Dynamo's cost over every worker + pick, p50/p99. The block-hashing step a real request
+adds (kv/block_id over the prompt) is timed separately.
 
     everybyte bench router [--workers 64] [--blocks 1000000] [--decisions 2000] [--json PATH]
 """
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         else:                                                 # a new session on a shared system prompt
             chain = rng.choice(systems) + [os.urandom(16) for _ in range(rng.randint(8, 64))]
         t, c = time.perf_counter(), time.thread_time()
-        overlaps = index.overlap(chain)
+        overlaps = index.reached(chain)                      # as cluster/decide asks: the workers reaching some
         d = policy.choose(Request(len(chain) * BLOCK_SIZE, BLOCK_SIZE, overlaps), workers)
         lat.append(time.perf_counter() - t)
         cpu.append(time.thread_time() - c)
@@ -142,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
                      "cpu_p50_ms": round(statistics.median(cpu) * 1e3, 4),
                      "cpu_p99_ms": round(percentile(cpu, 0.99) * 1e3, 4),
                      "mean_prefix_hit": round(statistics.fmean(depths), 3),
-                     "what": "KVIndex.overlap over all workers + kv cost + pick, block names given; "
+                     "what": "KVIndex.reached (the workers holding some of the prefix) + kv cost over all workers + "
+                             "pick, block names given; "
                              "p50/p99 wall clock, cpu_* the thread's CPU time (without time the OS "
                              "scheduled other processes: on a shared, oversubscribed host wall p99 is "
                              "a scheduler time slice)"},

@@ -1,6 +1,6 @@
 """The host's memory as the operating system reports it now: total and available bytes. Imports
-nothing (no torch), so the engine's KV budget, the simulator's process pool and hardware catalog,
-and the bench's report all read it the same way."""
+nothing (no torch), so the engine's KV budget and the simulator's process pool and hardware
+catalog all read it the same way."""
 from __future__ import annotations
 
 import os

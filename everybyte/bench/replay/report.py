@@ -7,8 +7,6 @@ import platform
 import sys
 from importlib import metadata
 
-from everybyte.native.host_memory import total_memory_bytes
-
 SUMMARY_ROWS = [("output_tok_s", "output tokens/s"), ("total_tok_s", "total tokens/s (prompt + output)"),
                 ("goodput_tok_s", "goodput (output tokens/s of turns within the SLO)"),
                 ("ttft_p50_s", "TTFT p50 (s)"), ("ttft_p90_s", "TTFT p90 (s)"), ("ttft_p99_s", "TTFT p99 (s)"),
@@ -37,7 +35,13 @@ def hardware() -> dict:
             cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)
     except OSError:
         pass
-    hw = {"cpu": cpu or platform.processor(), "cpu_count": os.cpu_count(), "memory_bytes": total_memory_bytes(),
+    mem = None
+    try:
+        with open("/proc/meminfo") as f:
+            mem = int(next(ln for ln in f if ln.startswith("MemTotal")).split()[1]) * 1024
+    except (OSError, StopIteration, ValueError):
+        pass
+    hw = {"cpu": cpu or platform.processor(), "cpu_count": os.cpu_count(), "memory_bytes": mem,
           "platform": platform.platform()}
     try:
         import torch

@@ -96,21 +96,23 @@ class KVIndex:
         """One batch of a worker's events, in order (unknown tiers, e.g. G4, are ignored)."""
         if worker not in self._slots:
             self.add_worker(worker)
-        bit, held = self.bit(worker), self._held[worker]
-        for e in events:
-            self.events_applied += 1
-            tier = _TIER_INDEX.get(e.medium or "G1")
+        bit, held, holders, tiers = self.bit(worker), self._held[worker], self._holders, _TIER_INDEX
+        n = 0
+        for e in events:                     # one name per event is common (a block committed): kept lean
+            n += 1
+            tier = tiers.get(e.medium or "G1")
             if tier is None:
                 continue
             if isinstance(e, BlockStored):
-                d, mine = self._holders[tier], held[tier]
+                d = holders[tier]
                 for h in e.block_hashes:
                     d[h] = d.get(h, 0) | bit
-                    mine.add(h)
+                held[tier].update(e.block_hashes)
             elif isinstance(e, BlockRemoved):
                 self._remove(worker, tier, e.block_hashes)
             elif isinstance(e, AllBlocksCleared):
                 self._clear(worker, tier)
+        self.events_applied += n
 
     def _remove(self, worker: str, tier: int, names: Iterable[bytes]) -> None:
         d, mine, keep = self._holders[tier], self._held[worker][tier], ~self.bit(worker)
@@ -146,13 +148,15 @@ class KVIndex:
         everyone = self._mask(names)
         g1, g2, g3, g35 = self._holders
         alive = [everyone] * 4                   # still matching: G1, +G2, +G3, +G3.5
-        widest = everyone                        # alive[3]
+        g1_only, widest = everyone, everyone     # alive[0], alive[3]: alive[0] <= alive[1] <= ... <= alive[3]
         ended: list[list[tuple[int, int]]] = [[], [], [], []]   # per tier: (workers whose walk ended, depth)
         for i, m1 in enumerate(map(g1.get, block_hashes, repeat(0))):
             if not widest & ~m1:                 # all still matching have it in G1 (the tiers nest): no change
                 continue
             h = block_hashes[i]
             m12 = m1 | g2.get(h, 0)
+            if not widest & ~m12 and not g1_only & ~m1:   # G1's walks go on, and every wider one (a prefix in G2)
+                continue
             m123 = m12 | g3.get(h, 0)
             shared = g35.get(h, 0)
             masks = (m1, m12, m123, m123 | self._expand_shared(shared) if shared else m123)
@@ -161,7 +165,7 @@ class KVIndex:
                 if gone:
                     ended[k].append((gone, i))
                     alive[k] &= masks[k]
-            widest = alive[3]
+            g1_only, widest = alive[0], alive[3]
             if not widest:                       # the tiers nest, so every worker's walk has ended
                 break
         # a worker's walk ends at most once per tier; those whose walk in the widest tier set

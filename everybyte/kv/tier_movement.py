@@ -108,13 +108,15 @@ class TierSet:
         usable = [t for t in self.tiers if self.worth_loading(t)]
         if not names or not usable:
             return []
-        present = [t.contains_many(names) for t in usable]
-        out = []
+        present = list(zip(usable, (t.contains_many(names) for t in usable)))
+        out: list[TierBackend] = []
         for i in range(len(names)):
-            tier = next((t for t, p in zip(usable, present) if p[i]), None)
-            if tier is None:
+            for tier, held in present:
+                if held[i]:
+                    out.append(tier)
+                    break
+            else:
                 break
-            out.append(tier)
         return out
 
     def stream(self, found: list[TierBackend], names: list[bytes], scratch: Scratch = None) -> Arrivals:

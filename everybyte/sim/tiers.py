@@ -52,6 +52,10 @@ class NameTier(TierBackend):
     def contains(self, name) -> bool:
         return name in self.held
 
+    def contains_many(self, names) -> list[bool]:
+        held = self.held                  # the sim asks for every prompt's blocks, every tier
+        return [n in held for n in names]
+
     def delete(self, name) -> bool:
         self.landed_at.pop(name, None)
         return self.held.pop(name, None) is not None

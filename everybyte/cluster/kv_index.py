@@ -136,13 +136,15 @@ class KVIndex:
     def overlap(self, block_hashes: Sequence[bytes], workers: Sequence[str] | None = None) -> dict[str, Overlap]:
         """Per worker, how deep the request's chained blocks reach in each cumulative tier set."""
         names = self._known(workers)
-        reached = self.reached(block_hashes, names)
+        reached = self._walk(block_hashes, names)
         return {w: reached.get(w) or Overlap() for w in names}
 
     def reached(self, block_hashes: Sequence[bytes], workers: Sequence[str] | None = None) -> dict[str, Overlap]:
         """overlap() of only the workers that hold at least the first block in some tier (the
         others reach nothing): what a router needs from one walk, without one entry per worker."""
-        names = self._known(workers)
+        return self._walk(block_hashes, self._known(workers))
+
+    def _walk(self, block_hashes: Sequence[bytes], names: list[str]) -> dict[str, Overlap]:
         if not names or not block_hashes:
             return {}
         everyone = self._mask(names)

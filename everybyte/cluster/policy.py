@@ -129,7 +129,7 @@ class Policy:
         (the index's groups: no prefix, a prefix most hold); without lower-tier blocks the
         prefill part depends on the Overlap alone, so it is computed once per Overlap."""
         ow, overlaps, blocks = self.overlap_weight, req.overlaps, req.blocks
-        weighted: dict[int, float] = {id(NOTHING): ow * prefill_blocks(req, candidates[0], NOTHING)}
+        weighted: dict[int, float] = {}
         costs = []
         for w in candidates:
             o = overlaps.get(w.url, NOTHING)

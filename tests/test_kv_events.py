@@ -40,6 +40,7 @@ def test_stored_removed_cleared():
 CONTROL_PLANE = ["everybyte.kv.block_id", "everybyte.kv.prefix_cache", "everybyte.kv.prefix_sessions",
                  "everybyte.kv.prefix_core",
                  "everybyte.kv.eviction", "everybyte.kv.parked_runs", "everybyte.kv.sessions", "everybyte.kv.ledger", "everybyte.kv.events",
+                 "everybyte.kv.event_run",
                  "everybyte.kv.clock", "everybyte.kv.mover", "everybyte.kv.connector", "everybyte.kv.block_manager",
                  "everybyte.kv.seq_state", "everybyte.kv.session_ops", "everybyte.kv.memory_manager",
                  "everybyte.kv.tier_movement", "everybyte.engine.scheduler", "everybyte.engine.core", "everybyte.formats.sizes", "everybyte.models.expert_ledger",
@@ -66,18 +67,31 @@ def test_engine_events_carry_its_namespace():
     log = llm.block_manager.kv_events()
     llm.generate(["word " * 40], SamplingParams(temperature=0, max_tokens=4))
     batch = log.drain()
-    stored = [e for e in batch.events if isinstance(e, BlockStored)]
-    assert len(stored) >= 2 and all(len(h) == 16 for e in stored for h in e.block_hashes)
+    stored = [h for e in batch.events if isinstance(e, BlockStored) for h in e.block_hashes]
+    assert len(stored) >= 2 and all(len(h) == 16 for h in stored)
     assert batch.namespace.hex() == llm.stats()["memory"]["kv_namespace"]
     llm.reset_prefix_cache()
     assert any(isinstance(e, (AllBlocksCleared, BlockRemoved)) for e in log.drain().events)
     llm.close()
 
 
+def per_block(events, bs):
+    """(name, parent, tokens) of each block the G1 BlockStored events name, in order: a coalesced
+    event's block k has the one before it as parent and its slice of the event's tokens."""
+    out = []
+    for e in events:
+        if isinstance(e, BlockStored) and e.medium == "G1":
+            parent = e.parent_block_hash
+            for k, h in enumerate(e.block_hashes):
+                out.append((h, parent, e.token_ids[k * bs:(k + 1) * bs]))
+                parent = h
+    return out
+
+
 def test_engine_events_carry_tokens_parents_and_tier_moves():
-    """G1 BlockStored events chain (parent = the previous block's name) and carry the block's
-    tokens; a block written down to G2 is a BlockRemoved(G1) plus a BlockStored(G2); loading it
-    back is a BlockStored(G1) again, with its tokens."""
+    """G1 BlockStored events chain (parent = the previous block's name) and carry the blocks'
+    tokens, a prompt's blocks in one event; a block written down to G2 is a BlockRemoved(G1) plus
+    a BlockStored(G2); loading it back is a BlockStored(G1) again, with its tokens."""
     from everybyte import LLM, SamplingParams
     llm = LLM(kv_cache_bytes="16MiB", max_model_len=256, kv_tiers="host:64MiB")
     log = llm.block_manager.kv_events()
@@ -85,13 +99,15 @@ def test_engine_events_carry_tokens_parents_and_tier_moves():
     bs = llm.block_manager.block_size
     greedy = SamplingParams(temperature=0, max_tokens=2)
     llm.generate([prompt], greedy)
-    stored = [e for e in log.drain().events if isinstance(e, BlockStored)]
-    assert all(e.medium == "G1" and len(e.block_hashes) == 1 for e in stored)
+    events = log.drain().events
+    assert all(e.medium == "G1" for e in events if isinstance(e, BlockStored))
     n = len(prompt) // bs
-    assert [e.token_ids for e in stored[:n]] == [prompt[i * bs:(i + 1) * bs] for i in range(n)]
-    names = [e.block_hashes[0] for e in stored]
-    assert stored[0].parent_block_hash is None
-    assert [e.parent_block_hash for e in stored[1:]] == names[:-1]
+    assert len(events[0].block_hashes) == n                        # the prefill's run: one event
+    stored = per_block(events, bs)
+    assert [t for _, _, t in stored[:n]] == [prompt[i * bs:(i + 1) * bs] for i in range(n)]
+    names = [h for h, _, _ in stored]
+    assert stored[0][1] is None
+    assert [p for _, p, _ in stored[1:]] == names[:-1]
     llm.reset_prefix_cache()
     llm.generate(["x"], SamplingParams(max_tokens=1))            # collects the write-down
     events = log.drain().events
@@ -100,9 +116,9 @@ def test_engine_events_carry_tokens_parents_and_tier_moves():
     assert set(names[:n]) <= removed and set(names[:n]) <= down
     out = llm.generate([prompt], greedy)[0]
     assert out.num_cached_tokens >= bs
-    back = [e for e in log.drain().events if isinstance(e, BlockStored) and e.medium == "G1"]
-    first = next(e for e in back if e.block_hashes == [names[0]])
-    assert first.token_ids == prompt[:bs]
+    back = per_block(log.drain().events, bs)
+    first = next(b for b in back if b[0] == names[0])
+    assert first[2] == prompt[:bs]
     llm.close()
 
 

@@ -61,6 +61,7 @@ def random_op(rng, chains, held, sessions):
     if k < 0.24:
         by_run = rng.random() < 0.5
         tokens = list(range(4 * len(chain)))
+        run_tokens = rng.choice([tokens, tokens, None, tokens[:rng.randrange(4 * len(chain))]])  # short: blocks without
         limit = rng.choice([None, None, rng.randint(-1, len(chain) + 1)])    # a hit may cover only a prefix
 
         def fill(c, h):
@@ -72,7 +73,7 @@ def random_op(rng, chains, held, sessions):
                 raise
             table = hits + new
             if by_run:                       # the memory manager's path: a run of blocks at once
-                kept = set(c.commit_run(table, chain, len(hits), len(chain), s, tokens))
+                kept = set(c.commit_run(table, chain, len(hits), len(chain), s, run_tokens))
                 dups = [i for i in range(len(hits), len(chain)) if i not in kept]
             else:
                 dups = []
@@ -234,3 +235,35 @@ def test_switch_off(monkeypatch):
     assert type(new_prefix_cache(4)) is PrefixCache
     monkeypatch.setenv("EVERYBYTE_NATIVE_KV", "1")
     assert type(new_prefix_cache(4)) is Native
+
+
+@pytest.mark.parametrize("cls", [PrefixCache, Native], ids=["python", "native"])
+def test_events_of_a_call_are_coalesced(cls):
+    """A call's events come as it returns, merged as kv/events.coalesce merges them: a run of
+    blocks committed together is one BlockStored (the first block's parent, the tokens joined), a
+    block whose parent is not the last one named (a duplicate in between) or that has no tokens
+    where the others have some starts another, and the blocks one allocation evicts are one
+    BlockRemoved."""
+    from everybyte.kv.events import BlockRemoved, BlockStored, coalesce
+    got = []
+    c = cls(8, on_event=got.append, block_size=4)
+    names = chain_block_ids(NS, list(range(24)))          # 6 blocks
+    tokens = list(range(24))
+    first = c.allocate(2)
+    c.commit_run(first, names, 0, 2, "a", tokens)
+    assert got == [BlockStored(names[:2], 4, None, token_ids=tokens[:8])]
+    got.clear()
+    table = c.acquire(names[:2], "b") + c.allocate(4)
+    dup = c.allocate(1)[0]
+    c.commit(dup, names[3], "x", names[2], tokens[12:16])  # block 3's name is taken before the run
+    got.clear()
+    kept = c.commit_run(table, names, 2, 6, "b", tokens[:20])      # block 5 without tokens
+    assert kept == [2, 4, 5]
+    assert got == [BlockStored([names[2]], 4, names[1], token_ids=tokens[8:12]),
+                   BlockStored([names[4]], 4, names[3], token_ids=tokens[16:20]),
+                   BlockStored([names[5]], 4, names[4])]
+    assert coalesce(got) == got                           # nothing left to merge
+    c.free(table), c.free(first), c.free([dup])
+    got.clear()
+    c.allocate(8)                                          # every cached block evicted: one removal
+    assert len(got) == 1 and isinstance(got[0], BlockRemoved) and sorted(got[0].block_hashes) == sorted(names)

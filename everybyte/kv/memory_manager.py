@@ -19,7 +19,7 @@ from everybyte.kv.block_id import KVNamespace, chain_block_ids
 from everybyte.kv.clock import SYSTEM, Clock
 from everybyte.kv.events import EventLog, KVEvent
 from everybyte.kv.ledger import ByteLedger, waste_bytes
-from everybyte.kv.mover import KVMover, PoolGeometry, pool_mover
+from everybyte.kv.mover import KVMover, LoadJob, PoolGeometry, pool_mover
 from everybyte.kv.name_memo import NameMemo
 from everybyte.kv.prefix_core import new_prefix_cache
 from everybyte.kv.seq_state import KVSequence, PendingLoad, SeqKV
@@ -200,11 +200,8 @@ class KVMemoryManager(SessionOps):
         for job in self.mover.finished():
             if job.loaded and where is None:     # once per poll: the loading sequences do not change in it
                 where = {b: (st.seq, i) for st in self.loading.values() for i, b in enumerate(st.seq.block_table)}
-            for i, level in enumerate(job.loaded):
-                b = job.blocks[i]
-                origin = self._origin(*where[b]) if where and b in where else {"parent": job.names[i - 1] if i else None}
-                if self.cache.commit(b, job.names[i], job.owner, **origin) == b:
-                    self._loaded_from[b] = level
+            if job.loaded:
+                self._name_loaded(job, where)
             for level in job.corrupt:
                 self.ledger.count("corrupt", tier=level)
             if job.loaded:
@@ -229,6 +226,23 @@ class KVMemoryManager(SessionOps):
             self._admit(st, n, levels, load.first)
             ready.append(st.seq)
         return ready
+
+    def _name_loaded(self, job: LoadJob, where: dict[int, tuple[KVSequence, int]] | None) -> None:
+        """Name the blocks a load filled: in one commit_run when they are a stretch of a loading
+        sequence's table (a load's usual shape), else one by one."""
+        m, loaded = len(job.loaded), job.loaded
+        seq, i0 = where.get(job.blocks[0], (None, 0)) if where else (None, 0)
+        if seq is not None:
+            table, names = seq.block_table, self.names_of(seq)
+            if table[i0:i0 + m] == job.blocks[:m] and names[i0:i0 + m] == job.names[:m]:
+                for i in self.cache.commit_run(table, names, i0, i0 + m, job.owner, seq.token_ids):
+                    self._loaded_from[table[i]] = loaded[i - i0]
+                return
+        for i, level in enumerate(loaded):
+            b = job.blocks[i]
+            origin = self._origin(*where[b]) if where and b in where else {"parent": job.names[i - 1] if i else None}
+            if self.cache.commit(b, job.names[i], job.owner, **origin) == b:
+                self._loaded_from[b] = level
 
     def may_append(self, seq: KVSequence) -> None:
         self._commit(seq)

@@ -8,7 +8,8 @@ first (latest expected return first), then LRU. Blocks in use are never evicted.
 `on_evict(block_id, name)` fires before an evicted block is handed out again, so the data plane
 can write it down a tier (its bytes are still intact when the callback runs). `on_event` (one
 hook, kv/events) hears every block named (BlockStored), forgotten (BlockRemoved) and the cache
-emptied of named blocks (AllBlocksCleared).
+emptied of named blocks (AllBlocksCleared); a call's events come as it returns, coalesced
+(kv/event_run: a run of blocks committed together is one BlockStored).
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import logging
 from collections import deque
 from typing import Callable, Hashable, Iterable, Sequence
 
-from everybyte.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from everybyte.kv.event_run import PendingEvents, emits
+from everybyte.kv.events import AllBlocksCleared, BlockRemoved, KVEvent
 from everybyte.kv.eviction import EvictionPolicy, LRUPolicy, ParkedFirst
 from everybyte.kv.prefix_sessions import ANON, SHARED, PrefixSessions
 
@@ -36,6 +38,7 @@ class PrefixCache(PrefixSessions):
         self.policy = policy if policy is not None else ParkedFirst(LRUPolicy())
         self.on_evict = on_evict
         self.on_event, self.block_size = on_event, block_size
+        self.events = PendingEvents()                     # the current call's, not handed over yet
         self.max_owners = max_owners
         self.ref = [0] * num_blocks
         self.names: list[bytes | None] = [None] * num_blocks
@@ -158,6 +161,7 @@ class PrefixCache(PrefixSessions):
     def can_allocate(self, n: int) -> bool:
         return n <= self.num_free_blocks
 
+    @emits
     def allocate(self, n: int = 1, ascending: bool = False) -> list[int]:
         """n fresh blocks (ref count 1, unnamed): empty blocks first, then evicted cached ones; in
         that order, or by id when ascending (a sequence's blocks then tend to be consecutive)."""
@@ -188,6 +192,7 @@ class PrefixCache(PrefixSessions):
         self._forget(b)
         return name
 
+    @emits
     def evict(self, n: int = 1) -> list[tuple[int, bytes]]:
         """Evict up to n cached blocks now (policy order) and make them empty; returns (id, name)."""
         out: list[tuple[int, bytes]] = []
@@ -196,6 +201,7 @@ class PrefixCache(PrefixSessions):
             self.empty.append(out[-1][0])
         return out
 
+    @emits
     def evict_blocks(self, block_ids: Iterable[int]) -> list[tuple[int, bytes]]:
         """Evict these cached (unreferenced) blocks now, e.g. a parked session's; returns (id, name)."""
         out: list[tuple[int, bytes]] = []
@@ -213,7 +219,7 @@ class PrefixCache(PrefixSessions):
         if name is not None and self.by_name.get(name) == block_id:
             del self.by_name[name]
             if self.on_event is not None:
-                self.on_event(BlockRemoved([name]))
+                self.events.removed(self.on_event, self.block_size, name)
         for s in self.owners.pop(block_id, ()):
             blocks = self.session_blocks.get(s)
             if blocks is not None:
@@ -224,12 +230,17 @@ class PrefixCache(PrefixSessions):
         return name
 
     # ---- naming and freeing -------------------------------------------------------------------
+    @emits
     def commit(self, block_id: int, name: bytes, owner: Hashable = ANON, parent: bytes | None = None,
                token_ids: Sequence[int] = ()) -> int:
         """Name a block that just became full (parent: the previous block's name, None for a first
         block; both only go into the BlockStored event). When the name is already cached in
         another block that one is returned (the caller may switch to it); this block then stays
         unnamed."""
+        return self._commit(block_id, name, owner, parent, token_ids)
+
+    def _commit(self, block_id: int, name: bytes, owner: Hashable, parent: bytes | None,
+                token_ids: Sequence[int]) -> int:
         if self.ref[block_id] < 1:
             raise ValueError(f"block {block_id} is not in use")
         current = self.names[block_id]
@@ -246,10 +257,11 @@ class PrefixCache(PrefixSessions):
         self.by_name[name] = block_id
         self.stats["commits"] += 1
         if self.on_event is not None:
-            self.on_event(BlockStored([name], self.block_size, parent, token_ids=list(token_ids)))
+            self.events.stored(self.on_event, self.block_size, name, parent, token_ids)
         self._own(block_id, owner)
         return block_id
 
+    @emits
     def commit_run(self, block_ids: Sequence[int], names: Sequence[bytes], start: int, end: int,
                    owner: Hashable = ANON, token_ids: Sequence[int] | None = None) -> list[int]:
         """commit() blocks start..end-1 of a table (parent: the previous name; tokens: each block's
@@ -262,7 +274,7 @@ class PrefixCache(PrefixSessions):
         for i in range(start, end):
             b = block_ids[i]
             origin = tokens[i * bs:(i + 1) * bs] if tokens is not None else ()
-            if self.commit(b, names[i], owner, names[i - 1] if i else None, origin) == b:
+            if self._commit(b, names[i], owner, names[i - 1] if i else None, origin) == b:
                 kept.append(i)
         return kept
 
@@ -285,6 +297,10 @@ class PrefixCache(PrefixSessions):
                         evictable.append(b)
         finally:
             self._evictable(evictable)
+
+    @emits
+    def drop(self, session_id: Hashable, keep: Callable[[bytes], bool] | None = None) -> list[bytes]:
+        return super().drop(session_id, keep)
 
     def _evictable(self, blocks: list[int]) -> None:
         """Unreferenced named blocks become evictable, freed in this order (each a fresh tick)."""

@@ -73,13 +73,14 @@ class _Hooks:
     NoFreeBlocks = NoFreeBlocks
 
     @staticmethod
-    def emit_stored(on_event: Callable[[KVEvent], None], name: bytes, block_size: int, parent: bytes | None,
-                    token_ids: Any) -> None:
-        on_event(BlockStored([name], block_size, parent, token_ids=list(token_ids) if token_ids is not None else []))
+    def emit_stored(on_event: Callable[[KVEvent], None], names: list[bytes], block_size: int,
+                    parent: bytes | None, token_ids: list[int] | None) -> None:
+        """A run of blocks named in one call (kv/event_run); the lists are the core's to give away."""
+        on_event(BlockStored(names, block_size, parent, token_ids=token_ids if token_ids is not None else []))
 
     @staticmethod
     def emit_removed(on_event: Callable[[KVEvent], None], names: list[bytes]) -> None:
-        on_event(BlockRemoved(list(names)))
+        on_event(BlockRemoved(names))
 
     @staticmethod
     def emit_cleared(on_event: Callable[[KVEvent], None]) -> None:

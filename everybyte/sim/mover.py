@@ -96,8 +96,12 @@ class SimMover:
         for job in done:
             for tier, nbytes, seconds in self._reads.pop(job):
                 self.tiers.observe(tier, nbytes, seconds)  # the bandwidth load-vs-recompute weighs
+            tiers = self.tiers.tiers
             for name, level in zip(job.names, self._levels.pop(job)):
-                if not any(t.contains(name) for t in self.tiers.tiers):
+                for t in tiers:
+                    if t.contains(name):
+                        break
+                else:
                     break                                 # dropped from its tier meanwhile: a miss
                 job.loaded.append(level)
             job.finished, job.future = True, Done()

@@ -93,6 +93,11 @@ typedef struct {
     PyObject *on_evict, *on_event, *hooks, *shared, *no_free;
     int max_owners, block_size;
     long long st_lookups, st_lookup_blocks, st_hit_blocks, st_evictions, st_commits, st_dup;
+    /* the events of the call in progress, coalesced (see ev_stored): ev_kind 0 none, 1 one
+       BlockStored of ev_names (parent ev_parent; ev_tokens NULL: without tokens), 2 one
+       BlockRemoved of ev_names; handed to on_event when the call returns (ev_done) */
+    int ev_kind;
+    PyObject *ev_names, *ev_parent, *ev_tokens;
 } Core;
 
 /* ---- LRU ----------------------------------------------------------------------------------- */
@@ -424,6 +429,73 @@ static int hook(Core *c, const char *name, PyObject *args) {       /* steals arg
     return 0;
 }
 
+/* ---- events -------------------------------------------------------------------------------- */
+/* the pending event goes to on_event now */
+static int ev_flush(Core *c) {
+    int kind = c->ev_kind, rc = 0;
+    if (!kind) return 0;
+    PyObject *names = c->ev_names, *parent = c->ev_parent, *tokens = c->ev_tokens;
+    c->ev_kind = 0;
+    c->ev_names = c->ev_parent = c->ev_tokens = NULL;
+    if (c->on_event != Py_None)
+        rc = kind == 1
+            ? hook(c, "emit_stored", Py_BuildValue("(OOiOO)", c->on_event, names, c->block_size, parent,
+                                                   tokens ? tokens : Py_None))
+            : hook(c, "emit_removed", Py_BuildValue("(OO)", c->on_event, names));
+    Py_DECREF(names); Py_XDECREF(parent); Py_XDECREF(tokens);
+    return rc;
+}
+/* a block named (tokens: its token ids, or NULL/None): it extends the pending BlockStored when
+   its parent is that one's last name and both carry tokens or neither does (kv/events.coalesce) */
+static int ev_stored(Core *c, PyObject *name, PyObject *parent, PyObject *tokens) {
+    Py_ssize_t nt = 0;
+    if (tokens && tokens != Py_None && (nt = PyObject_Length(tokens)) < 0) return -1;
+    if (c->ev_kind == 1 && parent != Py_None && (c->ev_tokens != NULL) == (nt > 0)) {
+        PyObject *last = PyList_GET_ITEM(c->ev_names, PyList_GET_SIZE(c->ev_names) - 1);
+        int same = last == parent ? 1 : PyObject_RichCompareBool(last, parent, Py_EQ);
+        if (same < 0) return -1;
+        if (same) {
+            if (PyList_Append(c->ev_names, name) < 0) return -1;
+            if (!nt) return 0;
+            Py_ssize_t at = PyList_GET_SIZE(c->ev_tokens);
+            return PyList_SetSlice(c->ev_tokens, at, at, tokens);
+        }
+    }
+    if (ev_flush(c) < 0) return -1;
+    PyObject *names = PyList_New(1), *toks = nt ? PySequence_List(tokens) : NULL;
+    if (!names || (nt && !toks)) { Py_XDECREF(names); Py_XDECREF(toks); return -1; }
+    Py_INCREF(name);
+    PyList_SET_ITEM(names, 0, name);
+    Py_INCREF(parent);
+    c->ev_kind = 1;
+    c->ev_names = names; c->ev_parent = parent; c->ev_tokens = toks;
+    return 0;
+}
+/* a block forgotten: consecutive removals are one BlockRemoved */
+static int ev_removed(Core *c, PyObject *name) {
+    if (c->ev_kind != 2) {
+        if (ev_flush(c) < 0) return -1;
+        if (!(c->ev_names = PyList_New(0))) return -1;
+        c->ev_kind = 2;
+    }
+    return PyList_Append(c->ev_names, name);
+}
+/* a method that may name or forget blocks returns through here: its events go out, in order, as
+   it returns (an error it raised stays the error) */
+static PyObject *ev_done(Core *c, PyObject *r) {
+    if (!c->ev_kind) return r;
+    PyObject *t = NULL, *v = NULL, *tb = NULL;
+    if (!r) PyErr_Fetch(&t, &v, &tb);
+    int rc = ev_flush(c);
+    if (!r) {
+        if (rc < 0) PyErr_Clear();
+        PyErr_Restore(t, v, tb);
+        return NULL;
+    }
+    if (rc < 0) { Py_DECREF(r); return NULL; }
+    return r;
+}
+
 /* ---- session slots ------------------------------------------------------------------------- */
 /* the slot of a session; OWN_ANON for None, OWN_SHARED for SHARED; a new slot when create and it
    has none (else OWN_NONE); OWN_ERR with an error set */
@@ -625,7 +697,7 @@ static PyObject *forget(Core *c, int32_t b) {
     PyObject *name = c->blk[b].name;
     c->blk[b].name = NULL;
     if (name && index_remove(c, b)) {
-        if (c->on_event != Py_None && hook(c, "emit_removed", Py_BuildValue("(O[O])", c->on_event, name)) < 0) {
+        if (c->on_event != Py_None && ev_removed(c, name) < 0) {
             Py_DECREF(name); return NULL;
         }
     }
@@ -787,7 +859,7 @@ static PyObject *Core_share(Core *c, PyObject *ids) {
     Py_RETURN_NONE;
 }
 static int cmp_i32(const void *x, const void *y) { int32_t a = *(const int32_t *)x, b = *(const int32_t *)y; return (a > b) - (a < b); }
-static PyObject *Core_allocate(Core *c, PyObject *args, PyObject *kw) {
+static PyObject *Core_allocate_body(Core *c, PyObject *args, PyObject *kw) {
     static char *kwl[] = {"n", "ascending", NULL};
     Py_ssize_t n = 1;
     int ascending = 0;
@@ -818,7 +890,10 @@ static PyObject *Core_allocate(Core *c, PyObject *args, PyObject *kw) {
     free(a);
     return l;
 }
-static PyObject *Core_evict(Core *c, PyObject *args) {
+static PyObject *Core_allocate(Core *c, PyObject *args, PyObject *kw) {
+    return ev_done(c, Core_allocate_body(c, args, kw));
+}
+static PyObject *Core_evict_body(Core *c, PyObject *args) {
     Py_ssize_t n = 1;
     if (!PyArg_ParseTuple(args, "|n", &n)) return NULL;
     PyObject *l = PyList_New(0);
@@ -835,7 +910,10 @@ static PyObject *Core_evict(Core *c, PyObject *args) {
     }
     return l;
 }
-static PyObject *Core_evict_blocks(Core *c, PyObject *ids) {
+static PyObject *Core_evict(Core *c, PyObject *args) {
+    return ev_done(c, Core_evict_body(c, args));
+}
+static PyObject *Core_evict_blocks_body(Core *c, PyObject *ids) {
     int32_t *a;
     Py_ssize_t n = block_array(c, ids, &a);
     if (n < 0) return NULL;
@@ -856,6 +934,9 @@ static PyObject *Core_evict_blocks(Core *c, PyObject *ids) {
     }
     free(a);
     return l;
+}
+static PyObject *Core_evict_blocks(Core *c, PyObject *ids) {
+    return ev_done(c, Core_evict_blocks_body(c, ids));
 }
 /* commit(): a new reference to the block now holding `name` */
 static PyObject *commit_one(Core *c, Py_ssize_t b, PyObject *name, int32_t owner, PyObject *parent, PyObject *tokens) {
@@ -885,8 +966,7 @@ static PyObject *commit_one(Core *c, Py_ssize_t b, PyObject *name, int32_t owner
     index_insert(c, (int32_t)b, h);
     c->st_commits++;
     if (c->on_event != Py_None) {
-        PyObject *t = tokens ? tokens : Py_None;
-        if (hook(c, "emit_stored", Py_BuildValue("(OOiOO)", c->on_event, name, c->block_size, parent, t)) < 0) {
+        if (ev_stored(c, name, parent, tokens) < 0) {
             Py_DECREF(key); return NULL;
         }
     }
@@ -902,12 +982,12 @@ static PyObject *Core_commit(Core *c, PyObject *args, PyObject *kw) {
     if (o == OWN_ERR) return NULL;
     PyObject *r = commit_one(c, b, name, o, parent, tokens);
     slot_release(c, o);
-    return r;
+    return ev_done(c, r);
 }
 /* commit_run(): commit(table[i], names[i], owner, names[i-1], token_ids' block i) for i in
    [start, end); returns the i whose block kept its name (commit returned table[i]) */
-static PyObject *commit_run(Core *c, PyObject *table, PyObject *names, Py_ssize_t start, Py_ssize_t end,
-                            PyObject *owner, PyObject *tokens) {
+static PyObject *commit_run_body(Core *c, PyObject *table, PyObject *names, Py_ssize_t start, Py_ssize_t end,
+                                 PyObject *owner, PyObject *tokens) {
     PyObject *ft = PySequence_Fast(table, "block_ids must be a sequence");
     PyObject *fn = ft ? PySequence_Fast(names, "names must be a sequence") : NULL;
     PyObject *out = fn ? PyList_New(0) : NULL;
@@ -945,6 +1025,10 @@ fail:
     if (o != OWN_ERR) slot_release(c, o);
     Py_DECREF(ft); Py_DECREF(fn); Py_DECREF(out);
     return NULL;
+}
+static PyObject *commit_run(Core *c, PyObject *table, PyObject *names, Py_ssize_t start, Py_ssize_t end,
+                            PyObject *owner, PyObject *tokens) {
+    return ev_done(c, commit_run_body(c, table, names, start, end, owner, tokens));
 }
 static PyObject *Core_commit_run_kw(Core *c, PyObject *args, PyObject *kw) {
     static char *kwl[] = {"block_ids", "names", "start", "end", "owner", "token_ids", NULL};
@@ -1084,7 +1168,7 @@ static PyObject *Core_unpark(Core *c, PyObject *sid) {
     slot_release(c, o);
     return out;
 }
-static PyObject *Core_drop(Core *c, PyObject *args, PyObject *kw) {
+static PyObject *Core_drop_body(Core *c, PyObject *args, PyObject *kw) {
     static char *kwl[] = {"session_id", "keep", NULL};
     PyObject *sid, *keep = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O", kwl, &sid, &keep)) return NULL;
@@ -1138,6 +1222,9 @@ static PyObject *Core_drop(Core *c, PyObject *args, PyObject *kw) {
     }
     free(a);
     return freed;
+}
+static PyObject *Core_drop(Core *c, PyObject *args, PyObject *kw) {
+    return ev_done(c, Core_drop_body(c, args, kw));
 }
 typedef struct { double neg; int64_t tick; int32_t b; } ParkedEntry;
 static int parked_cmp(const void *x, const void *y) {
@@ -1369,6 +1456,7 @@ static void Core_dealloc(Core *c) {
     if (c->ids) for (Py_ssize_t b = 0; b < c->nb; b++) Py_XDECREF(c->ids[b]);
     if (c->pairs) for (Py_ssize_t b = 0; b < c->nb; b++) Py_XDECREF(c->pairs[b]);
     Py_XDECREF(c->shared); Py_XDECREF(c->no_free);
+    Py_XDECREF(c->ev_names); Py_XDECREF(c->ev_parent); Py_XDECREF(c->ev_tokens);
     for (Py_ssize_t h = 0; h < c->heap_len; h++) free_run(c->heap[h]);
     for (Py_ssize_t i = 0; i < c->sess_top; i++) { Py_XDECREF(c->sess[i].sid); free(c->sess[i].blocks); free(c->sess[i].gens); }
     if (c->own_v) for (Py_ssize_t b = 0; b < c->nb; b++) free(c->own_v[b]);

@@ -17,7 +17,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 from everybyte.kv.block_id import NAME_BYTES
 from everybyte.kv.tiers.base import TierBackend, log
@@ -155,6 +155,12 @@ class RemoteBlocks(TierBackend):
         with self._lock:
             hit = self._where.get(name)
         return hit is not None and hit[1] >= self.clock()
+
+    def contains_many(self, names: Iterable[bytes]) -> list[bool]:
+        """contains() of each name, under one lock and one clock reading."""
+        with self._lock:
+            where, now = self._where, self.clock()
+            return [(hit := where.get(n)) is not None and hit[1] >= now for n in names]
 
     def get(self, name: bytes) -> Any:
         return next(self.get_stream([name]))[0][1]

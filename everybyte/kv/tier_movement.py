@@ -97,9 +97,12 @@ class TierSet:
             return 0
         if any(self.worth_loading(t) for t in self.write_through):
             return len(names)
-        usable = [t for t in self.local + self.remote if self.worth_loading(t)]
-        for i, name in enumerate(names):
-            if not any(t.contains(name) for t in usable):
+        present = [t.contains_many(names) for t in self.local + self.remote if self.worth_loading(t)]
+        for i in range(len(names)):
+            for held in present:
+                if held[i]:
+                    break
+            else:
                 return i
         return len(names)
 

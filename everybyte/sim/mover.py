@@ -96,10 +96,10 @@ class SimMover:
         for job in done:
             for tier, nbytes, seconds in self._reads.pop(job):
                 self.tiers.observe(tier, nbytes, seconds)  # the bandwidth load-vs-recompute weighs
-            tiers = self.tiers.tiers
-            for name, level in zip(job.names, self._levels.pop(job)):
-                for t in tiers:
-                    if t.contains(name):
+            present = [t.contains_many(job.names) for t in self.tiers.tiers]
+            for i, level in enumerate(self._levels.pop(job)):
+                for held in present:
+                    if held[i]:
                         break
                 else:
                     break                                 # dropped from its tier meanwhile: a miss

@@ -123,3 +123,26 @@ def test_every_storage_figure_has_a_source(capsys):
 def test_bad_tier_input_says_what_is_wrong(capsys, args, message):
     assert sim_main(["run", "--kv-cache", "16MiB", "--trace", "synthetic:sessions=1,turns=1", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_tier_events_end_in_what_the_tiers_hold_when_a_spill_is_a_put_inside_a_put():
+    """The simulator's tier set spills synchronously, so a put into G2 that evicts runs a put into
+    G3 inside it. Its removals must still come after its BlockStored: a batch of four into a G2 of
+    two evicts two of its own blocks, the second after a nested put into G3 had finished (that
+    one was reported before the batch's BlockStored, so a subscriber kept a block G2 no longer held)."""
+    from everybyte.kv.events import BlockRemoved, BlockStored
+    from everybyte.sim.tiers import NameTier, SyncTierSet
+    g2, g3 = NameTier(2 * 100, "G2", 100), NameTier(8 * 100, "G3", 100, kind="disk")
+    tiers = SyncTierSet([g2, g3])
+    events = []
+    tiers.on_event, tiers.block_size = events.append, 16
+    names = [bytes([i]) * 16 for i in range(4)]
+    tiers.put_down(names, [None] * 4)
+    held = {"G2": set(), "G3": set()}
+    for e in events:
+        if isinstance(e, BlockStored):
+            held[e.medium].update(e.block_hashes)
+        elif isinstance(e, BlockRemoved):
+            held[e.medium].difference_update(e.block_hashes)
+    assert held == {"G2": set(g2.held), "G3": set(g3.held)}
+    assert set(g2.held) == set(names[2:]) and set(g3.held) == set(names[:2])

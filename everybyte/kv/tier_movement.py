@@ -186,16 +186,21 @@ class TierSet:
     def _put(self, tier: TierBackend, names: list[bytes], datas: Sequence[Block]) -> list[bool]:
         """tier.put_many, reported as a BlockStored and then the removals the put caused (a put
         may evict blocks of its own batch), so a subscriber that applies them in order ends with
-        what the tier holds."""
-        deferred: list[KVEvent] = []
+        what the tier holds. A put inside a put (a synchronous spill one tier down, as the
+        simulator's SyncTierSet does it) reports its own events and leaves the outer put's
+        removals deferred."""
+        deferred: list[BlockRemoved] = []
+        outer = getattr(self._during_put, "events", None)
         self._during_put.events = deferred
         try:
             ok = tier.put_many(names, datas)
         finally:
-            self._during_put.events = None
-        self._report(BlockStored([n for n, good in zip(names, ok) if good], self.block_size, medium=tier.level))
-        for event in deferred:
-            self._report(event)
+            self._during_put.events = outer
+        stored = BlockStored([n for n, good in zip(names, ok) if good], self.block_size, medium=tier.level)
+        events: list[BlockStored | BlockRemoved] = [stored, *deferred]
+        for event in events:
+            if self.on_event is not None and event.block_hashes:
+                self.on_event(event)
         return ok
 
     def _put_async(self, tier: TierBackend, names: list[bytes], datas: Sequence[Block]) -> Future[list[bool]]:

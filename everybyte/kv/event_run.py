@@ -1,8 +1,7 @@
-"""The KV events of one prefix-cache call, coalesced as they are made (the Python reference of
-the C core's `ev_*`, native/csrc/prefix_core.c): a block named with the last block of the pending
-BlockStored as its parent (both with token ids or both without) extends it, and consecutive
-removals are one BlockRemoved, as kv/events.coalesce merges them. The call hands them to
-`on_event` as it returns, in order: a prompt's run of new blocks is one event, not one per block.
+"""The KV events of one prefix-cache call, handed over as the call returns and coalesced as
+kv/events.coalesce merges them (the Python reference of the C core's `ev_*`,
+native/csrc/prefix_core.c): a run of blocks one call names in a chain is one BlockStored, the
+blocks it forgets one BlockRemoved, not one event per block.
 """
 from __future__ import annotations
 
@@ -10,48 +9,33 @@ import contextlib
 import functools
 from typing import Any, Callable, Protocol, TypeVar
 
-from everybyte.kv.events import BlockRemoved, BlockStored, KVEvent
+from everybyte.kv.events import BlockRemoved, BlockStored, KVEvent, coalesce
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 class PendingEvents:
-    """The event being built; flush() hands it over."""
+    """The current call's events, one per block until flush() merges and hands them over."""
 
     def __init__(self) -> None:
-        self._kind: type | None = None
-        self._names: list[bytes] = []
-        self._parent: bytes | None = None
-        self._tokens: list[int] = []
+        self._events: list[KVEvent] = []
 
-    def stored(self, on_event: Callable[[KVEvent], None] | None, block_size: int, name: bytes,
-               parent: bytes | None, token_ids: Any) -> None:
-        if self._kind is BlockStored and parent is not None and parent == self._names[-1] \
-                and bool(self._tokens) == bool(token_ids):
-            self._names.append(name)
-            self._tokens.extend(token_ids)
-            return
-        self.flush(on_event, block_size)
-        self._kind, self._names, self._parent, self._tokens = BlockStored, [name], parent, list(token_ids)
+    def stored(self, block_size: int, name: bytes, parent: bytes | None, token_ids: Any) -> None:
+        self._events.append(BlockStored([name], block_size, parent, token_ids=list(token_ids)))
 
-    def removed(self, on_event: Callable[[KVEvent], None] | None, block_size: int, name: bytes) -> None:
-        if self._kind is not BlockRemoved:
-            self.flush(on_event, block_size)
-            self._kind, self._names = BlockRemoved, []
-        self._names.append(name)
+    def removed(self, name: bytes) -> None:
+        self._events.append(BlockRemoved([name]))
 
-    def flush(self, on_event: Callable[[KVEvent], None] | None, block_size: int) -> None:
-        kind, self._kind = self._kind, None
-        if kind is None or on_event is None:
-            return
-        on_event(BlockStored(self._names, block_size, self._parent, token_ids=self._tokens) if kind is BlockStored
-                 else BlockRemoved(self._names))
+    def flush(self, on_event: Callable[[KVEvent], None] | None) -> None:
+        events, self._events = self._events, []
+        if on_event is not None:
+            for e in coalesce(events):
+                on_event(e)
 
 
 class _Emitting(Protocol):
     events: PendingEvents
     on_event: Callable[[KVEvent], None] | None
-    block_size: int
 
 
 def emits(method: F) -> F:
@@ -63,8 +47,8 @@ def emits(method: F) -> F:
             out = method(self, *args, **kwargs)
         except BaseException:
             with contextlib.suppress(Exception):
-                self.events.flush(self.on_event, self.block_size)
+                self.events.flush(self.on_event)
             raise
-        self.events.flush(self.on_event, self.block_size)
+        self.events.flush(self.on_event)
         return out
     return call  # type: ignore[return-value]

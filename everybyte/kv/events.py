@@ -71,18 +71,25 @@ class EventLog:
 def coalesce(events: list[KVEvent]) -> list[KVEvent]:
     """Merge runs as vLLM sends them: a BlockStored whose parent is the last block of the one
     before it (same medium, same block size) extends it (hashes and token ids appended), and
-    consecutive BlockRemoved of one medium become one. Order and meaning are kept."""
+    consecutive BlockRemoved of one medium become one. Order and meaning are kept; the events
+    given are not changed (a merged event is a new one, extended in place: linear in the blocks)."""
     out: list[KVEvent] = []
+    made: KVEvent | None = None                  # out[-1] when made here: its lists are ours to extend
     for e in events:
         prev = out[-1] if out else None
         if isinstance(e, BlockStored) and isinstance(prev, BlockStored) and prev.medium == e.medium \
                 and prev.block_size == e.block_size and prev.lora_id == e.lora_id \
                 and e.parent_block_hash == prev.block_hashes[-1] \
                 and bool(prev.token_ids) == bool(e.token_ids):
-            out[-1] = BlockStored(prev.block_hashes + e.block_hashes, prev.block_size, prev.parent_block_hash,
-                                  prev.medium, prev.token_ids + e.token_ids, prev.lora_id)
+            if prev is not made:
+                prev = out[-1] = made = BlockStored(list(prev.block_hashes), prev.block_size, prev.parent_block_hash,
+                                                    prev.medium, list(prev.token_ids), prev.lora_id)
+            prev.block_hashes.extend(e.block_hashes)
+            prev.token_ids.extend(e.token_ids)
         elif isinstance(e, BlockRemoved) and isinstance(prev, BlockRemoved) and prev.medium == e.medium:
-            out[-1] = BlockRemoved(prev.block_hashes + e.block_hashes, prev.medium)
+            if prev is not made:
+                prev = out[-1] = made = BlockRemoved(list(prev.block_hashes), prev.medium)
+            prev.block_hashes.extend(e.block_hashes)
         else:
             out.append(e)
     return out

@@ -219,7 +219,7 @@ class PrefixCache(PrefixSessions):
         if name is not None and self.by_name.get(name) == block_id:
             del self.by_name[name]
             if self.on_event is not None:
-                self.events.removed(self.on_event, self.block_size, name)
+                self.events.removed(name)
         for s in self.owners.pop(block_id, ()):
             blocks = self.session_blocks.get(s)
             if blocks is not None:
@@ -257,7 +257,7 @@ class PrefixCache(PrefixSessions):
         self.by_name[name] = block_id
         self.stats["commits"] += 1
         if self.on_event is not None:
-            self.events.stored(self.on_event, self.block_size, name, parent, token_ids)
+            self.events.stored(self.block_size, name, parent, token_ids)
         self._own(block_id, owner)
         return block_id
 

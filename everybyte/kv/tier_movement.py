@@ -33,6 +33,23 @@ Scratch = Callable[..., Any] | None            # TierBackend.get_stream's buffer
 Arrivals = Iterator[tuple[TierBackend, list[tuple[int, Block | None]]]]
 
 
+def held_run(tiers: list[TierBackend], names: list[bytes]) -> list[TierBackend]:
+    """For the longest run of leading names each held by one of `tiers`: the first tier holding
+    each (one contains_many per tier, not one contains per name and tier)."""
+    if not names or not tiers:
+        return []
+    present = list(zip(tiers, (t.contains_many(names) for t in tiers)))
+    out: list[TierBackend] = []
+    for i in range(len(names)):
+        for tier, held in present:
+            if held[i]:
+                out.append(tier)
+                break
+        else:
+            break
+    return out
+
+
 class TierSet:
     def __init__(self, tiers: list[TierBackend]):
         self.tiers = list(tiers)
@@ -97,30 +114,11 @@ class TierSet:
             return 0
         if any(self.worth_loading(t) for t in self.write_through):
             return len(names)
-        present = [t.contains_many(names) for t in self.local + self.remote if self.worth_loading(t)]
-        for i in range(len(names)):
-            for held in present:
-                if held[i]:
-                    break
-            else:
-                return i
-        return len(names)
+        return len(held_run([t for t in self.local + self.remote if self.worth_loading(t)], names))
 
     def locate(self, names: list[bytes]) -> list[TierBackend]:
         """For the longest run of names each held by some usable tier: the tier to load it from."""
-        usable = [t for t in self.tiers if self.worth_loading(t)]
-        if not names or not usable:
-            return []
-        present = list(zip(usable, (t.contains_many(names) for t in usable)))
-        out: list[TierBackend] = []
-        for i in range(len(names)):
-            for tier, held in present:
-                if held[i]:
-                    out.append(tier)
-                    break
-            else:
-                break
-        return out
+        return held_run([t for t in self.tiers if self.worth_loading(t)], names)
 
     def stream(self, found: list[TierBackend], names: list[bytes], scratch: Scratch = None) -> Arrivals:
         """Get the located blocks, one get_stream per tier: yields (tier, [(index, buffer or None)])
@@ -175,12 +173,15 @@ class TierSet:
 
     # ---- writes ------------------------------------------------------------------------------
     def _report(self, event: KVEvent) -> None:
-        if self.on_event is None or not getattr(event, "block_hashes", True):
-            return
+        """A removal during a put waits for the put's BlockStored (_put); anything else goes now."""
         deferred = getattr(self._during_put, "events", None)
         if deferred is not None and isinstance(event, BlockRemoved):
             deferred.append(event)
         else:
+            self._emit(event)
+
+    def _emit(self, event: KVEvent) -> None:
+        if self.on_event is not None and getattr(event, "block_hashes", True):
             self.on_event(event)
 
     def _put(self, tier: TierBackend, names: list[bytes], datas: Sequence[Block]) -> list[bool]:
@@ -196,11 +197,9 @@ class TierSet:
             ok = tier.put_many(names, datas)
         finally:
             self._during_put.events = outer
-        stored = BlockStored([n for n, good in zip(names, ok) if good], self.block_size, medium=tier.level)
-        events: list[BlockStored | BlockRemoved] = [stored, *deferred]
-        for event in events:
-            if self.on_event is not None and event.block_hashes:
-                self.on_event(event)
+        self._emit(BlockStored([n for n, good in zip(names, ok) if good], self.block_size, medium=tier.level))
+        for event in deferred:
+            self._emit(event)
         return ok
 
     def _put_async(self, tier: TierBackend, names: list[bytes], datas: Sequence[Block]) -> Future[list[bool]]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from everybyte.kv.clock import VirtualClock
 from everybyte.kv.mover import LoadJob
-from everybyte.kv.tier_movement import TierSet
+from everybyte.kv.tier_movement import TierSet, held_run
 from everybyte.sim.link_lanes import Lanes
 
 
@@ -96,14 +96,8 @@ class SimMover:
         for job in done:
             for tier, nbytes, seconds in self._reads.pop(job):
                 self.tiers.observe(tier, nbytes, seconds)  # the bandwidth load-vs-recompute weighs
-            present = [t.contains_many(job.names) for t in self.tiers.tiers]
-            for i, level in enumerate(self._levels.pop(job)):
-                for held in present:
-                    if held[i]:
-                        break
-                else:
-                    break                                 # dropped from its tier meanwhile: a miss
-                job.loaded.append(level)
+            levels = self._levels.pop(job)                # a block dropped from its tier meanwhile: a miss
+            job.loaded.extend(levels[:len(held_run(self.tiers.tiers, job.names))])
             job.finished, job.future = True, Done()
             self.jobs.remove(job)
             self.loaded += len(job.loaded)

@@ -227,6 +227,26 @@ def test_unreachable_endpoint_and_bad_trace_fail_before_the_run(capsys, tmp_path
     assert rc == 2 and f"{bad}:2" in err and "--skip-bad" in err
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--max-sessions", "-2"], "argument --max-sessions: must be >= 1, got '-2'"),   # sliced 2 sessions off
+    (["--rate", "-1"], "argument --rate: must be > 0"),
+    (["--duration", "0"], "argument --duration: must be > 0"),
+    (["--warmup", "-1"], "argument --warmup: must be >= 0"),
+    (["--request-timeout", "abc"], "argument --request-timeout: expected a number, got 'abc'"),
+])
+def test_out_of_range_flags_are_usage_errors(capsys, args, message):
+    with pytest.raises(SystemExit) as e:
+        agentic.main(["--embedded", *args])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_an_unwritable_report_fails_before_the_run(capsys, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    rc, _, err = run(capsys, "--embedded", *FAST, "--out", str(blocker / "report"))
+    assert rc == 2 and f"cannot write '{blocker / 'report'}'" in err
+
+
 @pytest.mark.slow
 def test_embedded_short_replay(capsys):
     rc, res, err = run(capsys, "--embedded", *FAST, "--max-requests", "3", "--max-output", "3",

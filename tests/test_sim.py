@@ -117,6 +117,48 @@ def test_bad_configurations_say_what_is_wrong(capsys, tmp_path):
         build(SimConfig(hardware="B200", kv_cache="16MiB", host_tier="1GiB"))
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--block-size", "0"], "--block-size must be >= 1 token, got 0"),           # was a ZeroDivisionError
+    (["--memory-utilization", "2"], "--memory-utilization must be in (0, 1], got 2.0"),
+    (["--step-overhead-us", "-5"], "--step-overhead-us must be >= 0, got -5"),
+    (["--ep", "--expert-imbalance", "0.5"], "so >= 1; got 0.5"),
+    (["--trace", "synthetic:sessions=abc"], "option 'sessions=abc': expected a whole number >= 0"),
+    (["--trace", "synthetic:arrival_s=-1"], "option 'arrival_s=-1': expected a number >= 0"),
+    (["--trace", "synthetic:gap_s=nan"], "option 'gap_s=nan': expected a number >= 0"),
+    (["--trace", "synthetic:output_tokens=0"], "block_size and output_tokens must be >= 1"),
+])
+def test_out_of_range_settings_are_refused_before_the_run(capsys, args, message):
+    assert cli_main(["sim", "run", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--max-sessions", "-3"], "argument --max-sessions: must be >= 1, got '-3'"),   # sliced 3 off the end
+    (["--rate", "-1"], "argument --rate: must be > 0, got '-1'"),
+    (["--rate", "nan"], "argument --rate: expected a finite number, got 'nan'"),
+    (["--max-requests", "0"], "argument --max-requests: must be >= 1, got '0'"),
+    (["--park-min-gap", "-1"], "argument --park-min-gap: must be >= 0, got '-1'"),
+])
+def test_out_of_range_flags_are_usage_errors(capsys, args, message):
+    with pytest.raises(SystemExit) as e:
+        cli_main(["sim", "run", *args])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_an_unwritable_output_fails_before_the_run(capsys, tmp_path, monkeypatch):
+    ran = []
+    monkeypatch.setattr("everybyte.sim.cli.run_sim", lambda *a: ran.append(a))
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert cli_main(["sim", "run", "--json", str(blocker / "out.json")]) == 2      # under a file
+    assert f"cannot write '{blocker / 'out.json'}'" in capsys.readouterr().err
+    assert cli_main(["sim", "run", "--json", str(tmp_path)]) == 2
+    assert "it is a directory" in capsys.readouterr().err
+    assert cli_main(["sim", "calibrate", "--out", str(blocker / "fit.json")]) == 2  # before minutes of profiling
+    assert "cannot write" in capsys.readouterr().err
+    assert ran == []
+
+
 def test_deepseek_r1_fits_an_h200_nvl8():
     cost, workers, info = build(SimConfig(hardware="H200", model="deepseek-r1", gpus_per_worker=8,
                                           weights_format="fp8", kv_format="fp8", kv_cache="1GiB"))

@@ -137,7 +137,14 @@ def test_whatif_table_from_simulated_runs(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, text", [(["--hardware", "TPU9"], "known: H200"),
-                                        (["--levers", "magic"], "unknown lever 'magic'")])
+                                        (["--levers", "magic"], "unknown lever 'magic'"),
+                                        (["--turns", "0"], "--turns must be >= 1, got 0"),   # was an IndexError
+                                        (["--sessions-per-gpu", "a,b"], "comma-separated whole numbers >= 1"),
+                                        (["--interactivity", "x"], "--interactivity needs comma-separated numbers"),
+                                        (["--interactivity", "-5"], "--interactivity must be > 0, got -5"),
+                                        (["--max-num-seqs", "0"], "--max-num-seqs must be >= 1, got 0"),
+                                        (["--max-ttft", "0"], "--max-ttft must be > 0, got 0"),
+                                        (["--out", "/proc/none/here"], "cannot write '/proc/none/here'")])
 def test_bad_input_is_a_clear_error(argv, text, capsys):
     assert sim_main(["whatif", "--trace", TRACE, "--token-scale", "64", "--sessions-per-gpu", "1", "--turns", "1",
                      *argv]) == 2

@@ -16,6 +16,8 @@ from everybyte.bench.replay.driver import Replay, ReplayConfig
 from everybyte.bench.replay.metrics import summarize
 from everybyte.bench.replay.report import hardware, versions, write_files
 from everybyte.bench.report import emit
+from everybyte.cli_args import count, non_negative, non_negative_int, positive
+from everybyte.json_output import check_writable
 from everybyte.traces import FORMATS, TraceError, load_trace
 from everybyte.traces.locate import default_trace
 from everybyte.traces.scaling import Scaling
@@ -34,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "or synthetic[:sessions=8,turns=6,seed=0,...] (default: the shared agent sessions)")
     t.add_argument("--trace-format", choices=FORMATS, default=None, help="skip format detection")
     t.add_argument("--skip-bad", action="store_true", help="skip malformed records (counted) instead of failing")
-    t.add_argument("--max-sessions", type=int, default=None, help="use only the first N sessions")
+    t.add_argument("--max-sessions", type=count, default=None, help="use only the first N sessions")
     s = p.add_argument_group("scaling (defaults depend on the trace format; all are printed)")
     s.add_argument("--token-scale", type=float, default=None, help="divide input token counts by this")
     s.add_argument("--output-scale", type=float, default=None, help="divide output token counts by this")
@@ -52,29 +54,29 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--concurrency", type=int, default=4, help="session lanes (open loop: most sessions at once)")
     r.add_argument("--sweep", default=None, help="comma-separated concurrencies, e.g. 1,2,4,8 (one run each)")
     r.add_argument("--mode", choices=("lanes", "open"), default="lanes")
-    r.add_argument("--rate", type=float, default=None, help="open loop: sessions/s (default: recorded arrivals)")
-    r.add_argument("--max-requests", type=int, default=48, help="turns sent per run, warm-up included")
-    r.add_argument("--duration", type=float, default=300.0, help="wall-time bound of a run (s)")
-    r.add_argument("--warmup", type=int, default=1, help="first turns sent that are excluded from results")
-    r.add_argument("--idle-skip", type=float, default=10.0, help="when idle, skip ahead so the next turn is at "
+    r.add_argument("--rate", type=positive, default=None, help="open loop: sessions/s (default: recorded arrivals)")
+    r.add_argument("--max-requests", type=count, default=48, help="turns sent per run, warm-up included")
+    r.add_argument("--duration", type=positive, default=300.0, help="wall-time bound of a run (s)")
+    r.add_argument("--warmup", type=non_negative_int, default=1, help="first turns sent that are excluded from results")
+    r.add_argument("--idle-skip", type=non_negative, default=10.0, help="when idle, skip ahead so the next turn is at "
                    "most this far away (s); 0 turns it off")
     r.add_argument("--park", action="store_true", help="park/resume sessions around gaps (everybyte API)")
-    r.add_argument("--park-min-gap", type=float, default=0.5)
+    r.add_argument("--park-min-gap", type=non_negative, default=0.5)
     r.add_argument("--recycle", action="store_true", help="replay sessions again when the trace runs out")
-    r.add_argument("--temperature", type=float, default=0.0)
+    r.add_argument("--temperature", type=non_negative, default=0.0)
     r.add_argument("--vocab-range", default="1000,30000", help="token ids drawn from [LOW,HIGH)")
     r.add_argument("--run-marker", default=None, help="per-run marker (default: random)")
-    r.add_argument("--request-timeout", type=float, default=300.0)
-    r.add_argument("--drain", type=float, default=30.0, help="after --duration, seconds in-flight turns may "
+    r.add_argument("--request-timeout", type=positive, default=300.0)
+    r.add_argument("--drain", type=non_negative, default=30.0, help="after --duration, seconds in-flight turns may "
                    "take before they are cancelled (and counted as errors)")
-    r.add_argument("--metrics-interval", type=float, default=1.0, help="seconds between /metrics samples")
+    r.add_argument("--metrics-interval", type=positive, default=1.0, help="seconds between /metrics samples")
     r.add_argument("--server-flags", default=None, help="the server's flags, recorded in the assumptions")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--no-progress", action="store_true")
     m = p.add_argument_group("metrics and report")
-    m.add_argument("--slo-ttft", type=float, default=2.0, help="goodput: TTFT at most this (s)")
-    m.add_argument("--slo-tok-s-user", type=float, default=5.0, help="goodput: tokens/s/user at least this")
-    m.add_argument("--kv-budget-bytes", type=int, default=None, help="KV budget for bytes efficiency "
+    m.add_argument("--slo-ttft", type=positive, default=2.0, help="goodput: TTFT at most this (s)")
+    m.add_argument("--slo-tok-s-user", type=non_negative, default=5.0, help="goodput: tokens/s/user at least this")
+    m.add_argument("--kv-budget-bytes", type=count, default=None, help="KV budget for bytes efficiency "
                    "(default: the engine's, or the server's /metrics)")
     m.add_argument("--out", default=None, help="directory for report.json, report.md and the plots")
     m.add_argument("--json", default=None, help="write the JSON here too")
@@ -90,7 +92,10 @@ def main(argv: list[str] | None = None) -> int:
         vocab = TokenSpace.parse(args.vocab_range)
         if any(c < 0 for c in sweep):
             raise ValueError("concurrency must be >= 0")
-    except ValueError as e:
+        for out, is_dir in ((args.out, True), (args.json, False)):
+            if out:
+                check_writable(out, is_dir)
+    except (ValueError, OSError) as e:
         print(f"{PROG}: bad option: {e}", file=sys.stderr)
         return 2
     path = args.trace or default_trace()

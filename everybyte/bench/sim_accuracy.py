@@ -17,7 +17,9 @@ from typing import Any
 
 from everybyte.bench.agentic import default_trace
 from everybyte.bench.report import emit
+from everybyte.cli_args import count, non_negative_int, positive
 from everybyte.engine.engine_args import add_engine_args, engine_kwargs
+from everybyte.json_output import check_writable
 from everybyte.sim.calibration import StepFit, fit_steps
 from everybyte.sim.cost_model import CostModel
 from everybyte.sim.executor import CostExecutor
@@ -39,9 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     t = p.add_argument_group("trace (the importers and scaling of `bench agentic`)")
     t.add_argument("--trace", default=None, help="agent sessions (default: the shared ones), or synthetic:...")
-    t.add_argument("--calibration-sessions", type=int, default=3, help="the first N sessions calibrate")
-    t.add_argument("--held-out-sessions", type=int, default=3, help="the next M sessions are predicted")
-    t.add_argument("--turns-per-session", type=int, default=6, help="each session's first K turns (0: all)")
+    t.add_argument("--calibration-sessions", type=count, default=3, help="the first N sessions calibrate")
+    t.add_argument("--held-out-sessions", type=count, default=3, help="the next M sessions are predicted")
+    t.add_argument("--turns-per-session", type=non_negative_int, default=6, help="each session's first K turns (0: all)")
     t.add_argument("--token-scale", type=float, default=None, help="default: 256 for agent sessions (~60-600 "
                    "token contexts), else the format's")
     t.add_argument("--output-scale", type=float, default=None)
@@ -49,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--max-context", type=int, default=1024)
     t.add_argument("--gap-scale", type=float, default=None)
     t.add_argument("--max-gap", type=float, default=1.0)
-    t.add_argument("--rate", type=float, default=1.0, help="sessions/s (the recorded starts are all 0)")
+    t.add_argument("--rate", type=positive, default=1.0, help="sessions/s (the recorded starts are all 0)")
     t.add_argument("--no-park", action="store_true", help="do not park sessions during tool gaps")
     t.add_argument("--vocab-range", default="1000,30000")
     p.add_argument("--no-bracket", action="store_true", help="calibrate only before the held-out run (default: "
@@ -236,6 +238,9 @@ def run(args) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        for path in (args.calibration_out, args.json):
+            if path:
+                check_writable(path)             # before both runs, not after
         result = run(args)
     except (ValueError, TraceError, OSError) as e:
         print(f"{PROG}: {e}", file=sys.stderr)

@@ -45,6 +45,14 @@ def build(cfg: SimConfig, calibration: StepFit | None = None,
     their pod-wide links (sim/link_lanes), which every worker's transfers also queue on."""
     if cfg.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {cfg.workers}")
+    if cfg.block_size < 1:
+        raise ValueError(f"--block-size must be >= 1 token, got {cfg.block_size}")
+    if not 0 < cfg.memory_utilization <= 1:
+        raise ValueError(f"--memory-utilization must be in (0, 1], got {cfg.memory_utilization}")
+    if not cfg.step_overhead_s >= 0:
+        raise ValueError(f"--step-overhead-us must be >= 0, got {cfg.step_overhead_s * 1e6:g}")
+    if not cfg.expert_imbalance >= 1:
+        raise ValueError(f"--expert-imbalance is max/mean tokens per GPU, so >= 1; got {cfg.expert_imbalance}")
     hw, model = get_hardware(cfg.hardware), get_model(cfg.model)
     if cfg.ep_overlap and not cfg.ep:
         raise ValueError("--ep-overlap needs --ep (it overlaps expert parallelism's all-to-all)")

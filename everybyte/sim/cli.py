@@ -6,8 +6,9 @@ import argparse
 import json
 import sys
 
+from everybyte.cli_args import count, counts, non_negative, positive
 from everybyte.formats.sizes import KV_CACHE_DTYPES, WEIGHT_FORMATS
-from everybyte.json_output import emit
+from everybyte.json_output import check_writable, emit
 from everybyte.native import compiled
 from everybyte.sim.build import SimConfig
 from everybyte.sim.calibration import StepFit, StepSample, fit_steps
@@ -66,7 +67,7 @@ def run_parser() -> argparse.ArgumentParser:
                    "Azure .csv, or synthetic[:sessions=8,...]")
     t.add_argument("--trace-format", choices=FORMATS, default=None)
     t.add_argument("--skip-bad", action="store_true")
-    t.add_argument("--max-sessions", type=int, default=None)
+    t.add_argument("--max-sessions", type=count, default=None)
     for flag, kind in (("--token-scale", float), ("--output-scale", float), ("--max-context", int),
                        ("--max-output", int), ("--gap-scale", float), ("--max-gap", float), ("--arrival-scale", float)):
         t.add_argument(flag, type=kind, default=None)
@@ -90,11 +91,11 @@ def run_parser() -> argparse.ArgumentParser:
     r.add_argument("--shared-storage-bandwidth", default=None, metavar="BYTES_PER_S",
                    help="the shared storage's aggregate bandwidth each way (default: no cap beyond each worker's link)")
     r.add_argument("--no-park", action="store_true", help="do not park sessions during tool gaps")
-    r.add_argument("--park-min-gap", type=float, default=0.5)
+    r.add_argument("--park-min-gap", type=non_negative, default=0.5)
     r.add_argument("--no-multi-step", action="store_true", help="step every decode token (the same decisions, "
                    "slower: for checking multi-step decode)")
-    r.add_argument("--rate", type=float, default=None, help="sessions/s (default: the recorded arrivals)")
-    r.add_argument("--max-requests", type=int, default=None)
+    r.add_argument("--rate", type=positive, default=None, help="sessions/s (default: the recorded arrivals)")
+    r.add_argument("--max-requests", type=count, default=None)
     r.add_argument("--calibration", default=None, help="step times from a `sim calibrate` fit instead of "
                    "the roofline (steps outside its range are counted)")
     r.add_argument("--json", default=None, help="write the JSON here too")
@@ -108,13 +109,16 @@ def calibrate(argv: list[str]) -> int:
     p.add_argument("--model", default=None, help="the real engine's model (default: the embedded one)")
     p.add_argument("--prompt-lens", default="16,64,256")
     p.add_argument("--batches", default="1,4,8")
-    p.add_argument("--max-tokens", type=int, default=6)
+    p.add_argument("--max-tokens", type=count, default=6)
     p.add_argument("--kv-cache-dtype", default="nvfp4")
     p.add_argument("--out", default="sim-calibration.json", help="where the fit is saved")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    lens, batches = counts("--prompt-lens", args.prompt_lens), counts("--batches", args.batches)
+    for path in (args.out, args.json):
+        if path:
+            check_writable(path)                 # before minutes of profiling, not after
     from everybyte.engine.step_profile import profile_steps  # the real engine: imports torch
-    lens, batches = [int(x) for x in args.prompt_lens.split(",")], [int(x) for x in args.batches.split(",")]
     raw, info = profile_steps(args.model, lens, batches, args.max_tokens, kv_cache_dtype=args.kv_cache_dtype)
     fit = fit_steps([StepSample(*r) for r in raw], {**info, "machine": "this machine (cpu-this-machine)"})
     fit.save(args.out)
@@ -189,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{PROG}: unknown command {cmd!r}; choose from run, calibrate, whatif, hardware, models", file=sys.stderr)
             return 2
         args = run_parser().parse_args(rest)
+        if args.json:
+            check_writable(args.json)
         result = run_sim(args, config_from(args))
     except (ValueError, TraceError, OSError) as e:
         print(f"{PROG}: {e}", file=sys.stderr)

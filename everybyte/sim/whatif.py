@@ -89,6 +89,28 @@ class WhatIfConfig:
     pod_flash_bandwidth: str | None = None      # the pod flash tier's aggregate bytes/s each way (None: no cap)
     imbalance: str = "cited"                    # cited: EP32's pair at every degree; derived: sim/expert_imbalance
 
+    def check(self) -> None:
+        """ValueError for a configuration no row could run (before any row starts)."""
+        for hw_name in self.hardware:
+            get_hardware(hw_name)                              # an unknown name lists the known ones
+        for lever in self.levers:
+            if lever not in LEVERS:
+                raise ValueError(f"unknown lever {lever!r}; known: {', '.join(LEVERS)}")
+        whole = {"--sessions-per-gpu": min(self.sessions_per_gpu, default=0), "--turns": self.turns,
+                 "--max-sessions-per-gpu": self.max_sessions_per_gpu, "--max-num-seqs": self.max_num_seqs,
+                 "--max-num-batched-tokens": self.max_num_batched_tokens}
+        for flag, value in whole.items():
+            if value < 1:
+                raise ValueError(f"{flag} must be >= 1, got {value}")
+        for flag, x in (("--interactivity", min(self.interactivity, default=0.0)), ("--mark", self.mark),
+                        ("--max-ttft", self.max_ttft_s)):
+            if not x > 0:
+                raise ValueError(f"{flag} must be > 0, got {x:g}")
+        if not self.start_window_s >= 0 or not 0 < self.memory_utilization <= 1:
+            raise ValueError("the start window must be >= 0 s and memory utilization in (0, 1]")
+        if self.imbalance not in IMBALANCE_SOURCES:
+            raise ValueError(f"imbalance must be one of {', '.join(IMBALANCE_SOURCES)}, got {self.imbalance!r}")
+
 
 def watts_per_gpu(hw_name: str) -> tuple[float, str]:
     hw = get_hardware(hw_name)
@@ -254,11 +276,7 @@ def run_row(cfg: WhatIfConfig, trace: Trace, scaling: Scaling, hw_name: str, lev
 def run_whatif(cfg: WhatIfConfig, trace: Trace, scaling: Scaling, progress=None, jobs: int = 1) -> list[dict[str, Any]]:
     """Every (hardware, lever) row, in that order; jobs > 1 runs rows in that many processes
     (sim/row_pool: the rows are independent and each is deterministic, so the table is the same)."""
-    for hw_name in cfg.hardware:
-        get_hardware(hw_name)                                  # an unknown name lists the known ones
-    for lever in cfg.levers:
-        if lever not in LEVERS:
-            raise ValueError(f"unknown lever {lever!r}; known: {', '.join(LEVERS)}")
+    cfg.check()
     tasks = [(hw_name, lever) for hw_name in cfg.hardware for lever in cfg.levers]
     return run_rows(run_row, (cfg, trace, scaling), tasks, jobs, progress, [_gpus(lever) for _, lever in tasks])
 

@@ -8,7 +8,8 @@ import os
 import sys
 from dataclasses import asdict
 
-from everybyte.json_output import emit
+from everybyte.cli_args import counts, numbers
+from everybyte.json_output import check_writable, emit
 from everybyte.sim import expert_imbalance
 from everybyte.sim.expert_parallel import ExpertParallel
 from everybyte.sim.fleet_links import POD_FLASH
@@ -150,12 +151,16 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     try:
         cfg = WhatIfConfig(hardware=args.hardware.split(","), levers=args.levers.split(","),
-                           sessions_per_gpu=[int(x) for x in args.sessions_per_gpu.split(",")], turns=args.turns,
+                           sessions_per_gpu=counts("--sessions-per-gpu", args.sessions_per_gpu), turns=args.turns,
                            max_sessions_per_gpu=args.max_sessions_per_gpu,
-                           interactivity=[float(x) for x in args.interactivity.split(",")], mark=args.mark,
+                           interactivity=numbers("--interactivity", args.interactivity), mark=args.mark,
                            max_ttft_s=args.max_ttft,
                            max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
                            pod_flash_bandwidth=args.pod_flash_bandwidth, imbalance=args.imbalance)
+        cfg.check()
+        for out, is_dir in ((args.out, True), (args.json, False)):
+            if out:
+                check_writable(out, is_dir)              # before the rows run, not after
         if cfg.mark not in cfg.interactivity:
             cfg.interactivity = sorted(cfg.interactivity + [cfg.mark])
         if cfg.pod_flash_bandwidth is not None:

@@ -38,9 +38,19 @@ class SyntheticSpec:
             if not sep or key not in kinds:
                 raise ValueError(f"synthetic trace option {part!r}: expected KEY=VALUE with KEY one of "
                                  f"{', '.join(kinds)}")
-            setattr(spec, key, float(value) if kinds[key] in (float, "float") else int(value))
-        if spec.sessions < 1 or spec.turns < 1 or spec.block_size < 1:
-            raise ValueError("synthetic trace: sessions, turns and block_size must be >= 1")
+            is_float = kinds[key] in (float, "float")
+            try:
+                number = float(value) if is_float else int(value)
+            except ValueError:
+                number = math.nan
+            if not number >= 0:                               # nan and inf fail, a negative too
+                raise ValueError(f"synthetic trace option {part!r}: expected "
+                                 f"{'a number' if is_float else 'a whole number'} >= 0")
+            if math.isinf(number):
+                raise ValueError(f"synthetic trace option {part!r}: expected a finite number")
+            setattr(spec, key, number)
+        if spec.sessions < 1 or spec.turns < 1 or spec.block_size < 1 or spec.output_tokens < 1:
+            raise ValueError("synthetic trace: sessions, turns, block_size and output_tokens must be >= 1")
         return spec
 
 

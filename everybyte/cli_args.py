@@ -66,3 +66,11 @@ def numbers(flag: str, text: str) -> list[float]:
     if not values or not all(math.isfinite(v) for v in values):
         raise ValueError(f"{flag} needs comma-separated numbers, got {text!r}")
     return values
+
+
+def port(text: str) -> int:
+    """A TCP port, 0 (any free one) to 65535."""
+    value = int(_number(int, text))
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port, 0 to 65535; got {text!r}")
+    return value

@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 
+from everybyte.cli_args import port
 from everybyte.cluster.launcher import Cluster, LocalWorker, plan_workers
 
 POLICIES = ("kv", "round-robin", "random", "least-loaded", "session")
@@ -19,7 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=None, help="workers (role both); default 2")
     p.add_argument("--prefill", type=int, default=None, help="prefill workers (with --decode)")
     p.add_argument("--decode", type=int, default=None, help="decode workers (with --prefill)")
-    p.add_argument("--port", type=int, default=8000, help="the router's port")
+    p.add_argument("--port", type=port, default=8000, help="the router's port")
     p.add_argument("--policy", default="kv", choices=POLICIES, help="the router's policy")
     p.add_argument("--disagg-threshold", type=int, default=None, help="passed to the router")
     p.add_argument("--no-events", action="store_true", help="passed to the router (approximate mode)")

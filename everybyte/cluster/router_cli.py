@@ -6,6 +6,7 @@ import logging
 
 from fastapi import FastAPI
 
+from everybyte.cli_args import port
 from everybyte.cluster.policy import POLICIES, Policy
 from everybyte.cluster.request_blocks import RequestBlocks, load_tokenizer
 from everybyte.cluster.routing import Routing
@@ -15,7 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="everybyte router",
                                 description="an OpenAI-compatible, KV-aware router over `everybyte serve` workers")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=port, default=8000)
     p.add_argument("--worker", action="append", required=True, metavar="URL",
                    help="a worker's base URL, e.g. http://127.0.0.1:8001 (repeat for each)")
     p.add_argument("--policy", choices=POLICIES, default="kv")

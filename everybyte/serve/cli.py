@@ -7,6 +7,7 @@ import os
 import re
 import signal
 
+from everybyte.cli_args import port
 from everybyte.engine.engine_args import add_engine_args, engine_kwargs
 from everybyte.serve.state import ServerConfig
 
@@ -14,7 +15,7 @@ from everybyte.serve.state import ServerConfig
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="everybyte serve", description="OpenAI-compatible server")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=port, default=8000)
     p.add_argument("--served-model-name", default=None, help="model id clients send (default: the model's)")
     p.add_argument("--api-key", action="append", default=None,
                    help="require `Authorization: Bearer KEY` on every path but /health and /metrics; repeat "

@@ -1,0 +1,42 @@
+"""Bounded-number flags (everybyte/cli_args): a value out of range is a usage error naming the flag,
+before a model loads or a run starts."""
+from __future__ import annotations
+
+import pytest
+
+from everybyte.cli_args import counts, numbers
+from everybyte.cluster import cli as cluster_cli
+from everybyte.cluster import router_cli
+from everybyte.serve import cli as serve_cli
+
+
+@pytest.mark.parametrize("build_parser, argv", [
+    (serve_cli.build_parser, []),
+    (router_cli.build_parser, ["--worker", "http://127.0.0.1:1"]),
+    (cluster_cli.build_parser, []),
+])
+@pytest.mark.parametrize("value, message", [
+    ("70000", "must be a TCP port, 0 to 65535; got '70000'"),       # was an OverflowError after the model loaded
+    ("-1", "must be a TCP port, 0 to 65535; got '-1'"),
+    ("http", "expected a whole number, got 'http'"),
+])
+def test_a_port_out_of_range_is_a_usage_error(build_parser, argv, value, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args([*argv, "--port", value])
+    assert e.value.code == 2 and f"argument --port: {message}" in capsys.readouterr().err
+
+
+def test_a_port_in_range_parses():
+    assert serve_cli.build_parser().parse_args(["--port", "0"]).port == 0
+    assert router_cli.build_parser().parse_args(["--worker", "http://127.0.0.1:1", "--port", "65535"]).port == 65535
+
+
+def test_lists_name_their_flag():
+    assert counts("--batches", "1,4,8") == [1, 4, 8]
+    assert numbers("--interactivity", "50,160.5") == [50.0, 160.5]
+    for bad in ("", "1,,2", "1,0", "x"):
+        with pytest.raises(ValueError, match="--batches needs comma-separated whole numbers >= 1"):
+            counts("--batches", bad)
+    for bad in ("", "1,x", "inf", "nan"):
+        with pytest.raises(ValueError, match="--interactivity needs comma-separated numbers"):
+            numbers("--interactivity", bad)

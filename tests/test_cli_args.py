@@ -40,3 +40,18 @@ def test_lists_name_their_flag():
     for bad in ("", "1,x", "inf", "nan"):
         with pytest.raises(ValueError, match="--interactivity needs comma-separated numbers"):
             numbers("--interactivity", bad)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["bench", "kv-transfer", "--requests", "0"], "argument --requests: must be >= 1"),      # was an IndexError
+    (["bench", "serve", "--max-tokens", "0"], "argument --max-tokens: must be >= 1"),        # a StatisticsError
+    (["bench", "formats", "--repeats", "0"], "argument --repeats: must be >= 1"),            # a StatisticsError
+    (["bench", "memory", "--sessions", "-2"], "argument --sessions: must be >= 1"),
+    (["bench", "cluster", "--duration", "-1"], "argument --duration: must be > 0"),
+    (["bench", "engine", "--new-tokens", "0"], "argument --new-tokens: must be >= 1"),
+])
+def test_bench_flags_out_of_range_are_refused_before_the_run(argv, message, capsys):
+    from everybyte.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err

@@ -27,6 +27,7 @@ import httpx
 from everybyte.bench.replay.backend import parse_prometheus
 from everybyte.bench.report import emit
 from everybyte.bench.servers import PeerError, ServerProcess, free_port
+from everybyte.cli_args import count, non_negative_int, positive
 
 PROG = "everybyte bench cluster"
 POLICIES = ("round-robin", "random", "least-loaded", "session", "kv", "kv+disagg")
@@ -44,14 +45,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="G1 KV budget per worker: less than the live sessions' context (the report's "
                         "live_sessions_peak_tokens), so no worker holds every session")
     p.add_argument("--kv-tiers", default="none", help="each worker's --kv-tiers")
-    p.add_argument("--disagg-threshold", type=int, default=256,
+    p.add_argument("--disagg-threshold", type=non_negative_int, default=256,
                    help="kv+disagg: uncached prompt tokens above which a request is prefilled apart")
-    p.add_argument("--concurrency", type=int, default=4, help="replay session lanes")
-    p.add_argument("--max-requests", type=int, default=32, help="turns per run, warm-up included")
-    p.add_argument("--duration", type=float, default=300.0, help="wall-time bound of each run's replay (s)")
-    p.add_argument("--ctx", type=int, default=2048, help="context of every worker and the replay's --max-context")
+    p.add_argument("--concurrency", type=count, default=4, help="replay session lanes")
+    p.add_argument("--max-requests", type=count, default=32, help="turns per run, warm-up included")
+    p.add_argument("--duration", type=positive, default=300.0, help="wall-time bound of each run's replay (s)")
+    p.add_argument("--ctx", type=count, default=2048, help="context of every worker and the replay's --max-context")
     p.add_argument("--cluster-args", default="", help="extra `everybyte cluster` flags, one string")
-    p.add_argument("--start-timeout", type=float, default=300.0)
+    p.add_argument("--start-timeout", type=positive, default=300.0)
     p.add_argument("--out", default=None, help="directory for each run's replay JSON and cluster log")
     p.add_argument("--json", default=None, help="write the JSON here too")
     return p

@@ -21,6 +21,7 @@ import uuid
 from everybyte.bench.compare_table import EVERYBYTE, assemble, server_entry, table
 from everybyte.bench.report import emit
 from everybyte.bench.servers import PEERS_DIR, PeerError, ServerProcess, free_port, load_peer, threading_main
+from everybyte.cli_args import count, positive
 
 PROG = "everybyte bench compare"
 
@@ -32,18 +33,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--peers", default="llamacpp", help="comma-separated peers from bench/peers/")
     p.add_argument("--no-everybyte", action="store_true", help="run the peers only")
     p.add_argument("--model", default=None, help="the GGUF both servers load (default: everybyte's default model)")
-    p.add_argument("--concurrency", type=int, default=2, help="replay session lanes; peers get as many slots")
-    p.add_argument("--max-requests", type=int, default=24, help="turns per server, warm-up included")
-    p.add_argument("--duration", type=float, default=180.0, help="wall-time bound of each server's replay (s)")
-    p.add_argument("--ctx", type=int, default=4096, help="context size of every server, and the replay's "
+    p.add_argument("--concurrency", type=count, default=2, help="replay session lanes; peers get as many slots")
+    p.add_argument("--max-requests", type=count, default=24, help="turns per server, warm-up included")
+    p.add_argument("--duration", type=positive, default=180.0, help="wall-time bound of each server's replay (s)")
+    p.add_argument("--ctx", type=count, default=4096, help="context size of every server, and the replay's "
                    "--max-context")
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CPU threads of every server")
+    p.add_argument("--threads", type=count, default=os.cpu_count() or 1, help="CPU threads of every server")
     p.add_argument("--kv-cache", default="64MiB", help="everybyte's KV budget (--kv-cache)")
-    p.add_argument("--peer-cache-bytes", type=int, default=None,
+    p.add_argument("--peer-cache-bytes", type=count, default=None,
                    help="a peer's prompt-cache size in bytes where it has one (default: the peer's default)")
     p.add_argument("--everybyte-args", default="", help="extra `everybyte serve` flags, one string")
     p.add_argument("--run-marker", default=None, help="shared by every server's replay (default: random)")
-    p.add_argument("--start-timeout", type=float, default=300.0, help="seconds a server may take to start "
+    p.add_argument("--start-timeout", type=positive, default=300.0, help="seconds a server may take to start "
                    "(a peer's START_TIMEOUT_S raises it for that peer)")
     p.add_argument("--out", default=None, help="directory for compare.md, compare.json, each server's "
                    "report and log")

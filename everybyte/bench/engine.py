@@ -18,6 +18,7 @@ import sys
 import time
 
 from everybyte.bench.report import emit, environment
+from everybyte.cli_args import count
 
 
 def _prompts(tokenize, n: int, length: int, offset: int = 0) -> list[list[int]]:
@@ -162,13 +163,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline-weights", default=None,
                    help="also run everybyte with these weights (e.g. fp32) in the same run, and report the ratios")
     p.add_argument("--kv-cache", default="256MiB")
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    p.add_argument("--prompt-len", type=int, default=2048)
-    p.add_argument("--prefill-repeats", type=int, default=3, help="prefill: best of this many prompts")
-    p.add_argument("--decode-prompt-len", type=int, default=32)
-    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--max-num-batched-tokens", type=count, default=2048)
+    p.add_argument("--prompt-len", type=count, default=2048)
+    p.add_argument("--prefill-repeats", type=count, default=3, help="prefill: best of this many prompts")
+    p.add_argument("--decode-prompt-len", type=count, default=32)
+    p.add_argument("--new-tokens", type=count, default=128)
     p.add_argument("--batches", default="1,8,32")
-    p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--threads", type=count, default=os.cpu_count())
     p.add_argument("--quick", action="store_true", help="prompt 256, 16 new tokens, batches 1,8")
     p.add_argument("--skip-transformers", action="store_true")
     p.add_argument("--llama-server", action="store_true",

@@ -16,6 +16,7 @@ import time
 
 from everybyte.bench.report import emit, environment
 from everybyte.bench.servers import free_port
+from everybyte.cli_args import count
 
 
 def _prompts(n: int) -> list[str]:
@@ -107,12 +108,12 @@ def measure_inprocess(a, prompts) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="everybyte bench serve", description=__doc__)
-    p.add_argument("--clients", type=int, default=64)
-    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--clients", type=count, default=64)
+    p.add_argument("--max-tokens", type=count, default=32)
     p.add_argument("--model", default=None)
     p.add_argument("--kv-cache", default="64MiB")
     p.add_argument("--kv-cache-dtype", default="nvfp4")
-    p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--max-model-len", type=count, default=1024)
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     prompts = _prompts(a.clients)

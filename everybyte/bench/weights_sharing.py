@@ -21,6 +21,7 @@ import httpx
 
 from everybyte.bench.report import emit, environment
 from everybyte.bench.servers import ServerProcess, free_port
+from everybyte.cli_args import positive
 
 
 def smaps(pid: int, file: str) -> dict:
@@ -71,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--kv-cache", default="16MiB")
     p.add_argument("--no-baseline", action="store_true", help="skip the --weights-dtype fp32 servers")
-    p.add_argument("--start-timeout", type=float, default=300)
+    p.add_argument("--start-timeout", type=positive, default=300)
     p.add_argument("--json", default=None)
     return p
 

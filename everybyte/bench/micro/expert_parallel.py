@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from everybyte.bench.report import emit, environment
+from everybyte.cli_args import count
 
 
 def exchange_round_trips(rank: int, port: int, hidden: int, top_k: int, rows: list[int], repeats: int) -> dict:
@@ -112,13 +113,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="everybyte bench ep", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="a MoE Hugging Face directory (default: a tiny random Qwen3-MoE)")
     p.add_argument("--ranks", default="2", help="EP sizes to compare with EP=1, comma-separated")
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--prompt-len", type=int, default=128)
-    p.add_argument("--decode-tokens", type=int, default=32)
+    p.add_argument("--batch", type=count, default=8)
+    p.add_argument("--prompt-len", type=count, default=128)
+    p.add_argument("--decode-tokens", type=count, default=32)
     p.add_argument("--rows", default="1,8,64,512", help="token counts for the all-to-all round trip")
     p.add_argument("--hidden", default="256,2048", help="hidden sizes for the all-to-all round trip")
-    p.add_argument("--repeats", type=int, default=50)
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--repeats", type=count, default=50)
+    p.add_argument("--threads", type=count, default=None,
                    help="CPU threads per rank (default: this machine's cores // ranks)")
     p.add_argument("--json", default=None)
     p.add_argument("--exchange-rank", type=int, default=None, help=argparse.SUPPRESS)

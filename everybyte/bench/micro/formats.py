@@ -16,6 +16,7 @@ import time
 import torch
 
 from everybyte.bench import report
+from everybyte.cli_args import count, positive
 from everybyte.formats import cpu_kernels, fastpath, fp8, nvfp4
 
 GOAL = 0.25
@@ -77,8 +78,8 @@ def _path(device: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="everybyte bench formats", description=__doc__.splitlines()[0])
     ap.add_argument("--json", metavar="PATH", help="also write the JSON result here")
-    ap.add_argument("--size-mib", type=float, default=64.0, help="size of each unquantized tensor (default 64)")
-    ap.add_argument("--repeats", type=int, default=5, help="timed runs per figure; the median is reported")
+    ap.add_argument("--size-mib", type=positive, default=64.0, help="size of each unquantized tensor (default 64)")
+    ap.add_argument("--repeats", type=count, default=5, help="timed runs per figure; the median is reported")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--fast", choices=("auto", "always", "never"), default="auto", help="fast path mode")
     ap.add_argument("--no-fp8", action="store_true", help="skip the FP8 figures")

@@ -18,6 +18,7 @@ import time
 import torch
 
 from everybyte.bench.report import emit, environment
+from everybyte.cli_args import count
 
 TEXTS = {"argparse.py": stdlib_argparse.__file__, "GPL-3": "/usr/share/common-licenses/GPL-3"}
 REFERENCE_PPL = {"argparse.py": 6.22, "GPL-3": 17.8}   # transformers, fp32, same 4,096 tokens
@@ -64,13 +65,13 @@ def decode_speed(llm, prompts: list[list[int]], new_tokens: int) -> tuple[float,
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="everybyte bench kv-quality", description=__doc__)
     p.add_argument("--model", default=None)
-    p.add_argument("--tokens", type=int, default=4096)
+    p.add_argument("--tokens", type=count, default=4096)
     p.add_argument("--dtype", default="float32", help="compute dtype for perplexity (default float32)")
     p.add_argument("--decode-dtype", default="auto", help="compute dtype for the decode speed runs")
-    p.add_argument("--chunk", type=int, default=512, help="prefill chunk (max_num_batched_tokens)")
-    p.add_argument("--decode-batch", type=int, default=8)
-    p.add_argument("--decode-prompt-len", type=int, default=256)
-    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--chunk", type=count, default=512, help="prefill chunk (max_num_batched_tokens)")
+    p.add_argument("--decode-batch", type=count, default=8)
+    p.add_argument("--decode-prompt-len", type=count, default=256)
+    p.add_argument("--new-tokens", type=count, default=64)
     p.add_argument("--quick", action="store_true", help="1,024 tokens, 16 new tokens")
     p.add_argument("--json", default=None)
     return p

@@ -15,6 +15,7 @@ import argparse
 import time
 
 from everybyte.bench.report import emit, environment
+from everybyte.cli_args import count
 
 
 def _prompts(tokenizer, n_tokens: int, count: int) -> list[list[int]]:
@@ -75,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="everybyte bench kv-transfer", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None)
     p.add_argument("--kv-dtypes", default="nvfp4,fp16", help="comma-separated KV formats to compare")
-    p.add_argument("--prompt-tokens", type=int, default=512)
-    p.add_argument("--requests", type=int, default=3)
+    p.add_argument("--prompt-tokens", type=count, default=512)
+    p.add_argument("--requests", type=count, default=3)
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)

@@ -21,6 +21,7 @@ from everybyte.bench.micro.memory_replay import Replay
 from everybyte.bench.micro.memory_report import fmt_num, goals, markdown, plot
 from everybyte.bench.micro.memory_tiers import measure_tiers
 from everybyte.bench.report import emit, environment
+from everybyte.cli_args import count, non_negative, non_negative_int, positive
 from everybyte.traces import load_trace
 from everybyte.traces.scaling import Scaling
 from everybyte.traces.tokens import TokenSpace
@@ -40,24 +41,24 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--trace", default=None, help="agent-session .json directory (default: the shared traces)")
-    p.add_argument("--sessions", type=int, default=6, help="concurrent sessions")
-    p.add_argument("--turns", type=int, default=4, help="turns replayed per session")
-    p.add_argument("--token-scale", type=float, default=64.0, help="recorded input tokens / this")
-    p.add_argument("--output-scale", type=float, default=16.0, help="recorded output tokens / this")
-    p.add_argument("--max-output", type=int, default=64, help="cap on a turn's output tokens")
-    p.add_argument("--max-context", type=int, default=2048, help="a session's last turn (prompt + output) must fit")
-    p.add_argument("--min-context", type=int, default=1024, help="... and have at least this many tokens")
-    p.add_argument("--gap-scale", type=float, default=0.1, help="multiply recorded tool gaps by this")
-    p.add_argument("--max-gap", type=float, default=3.0, help="cap on a compressed gap (s)")
+    p.add_argument("--sessions", type=count, default=6, help="concurrent sessions")
+    p.add_argument("--turns", type=count, default=4, help="turns replayed per session")
+    p.add_argument("--token-scale", type=positive, default=64.0, help="recorded input tokens / this")
+    p.add_argument("--output-scale", type=positive, default=16.0, help="recorded output tokens / this")
+    p.add_argument("--max-output", type=count, default=64, help="cap on a turn's output tokens")
+    p.add_argument("--max-context", type=count, default=2048, help="a session's last turn (prompt + output) must fit")
+    p.add_argument("--min-context", type=non_negative_int, default=1024, help="... and have at least this many tokens")
+    p.add_argument("--gap-scale", type=non_negative, default=0.1, help="multiply recorded tool gaps by this")
+    p.add_argument("--max-gap", type=non_negative, default=3.0, help="cap on a compressed gap (s)")
     p.add_argument("--kv-budget", default=None, help="G1 KV bytes for every run (default: --budget-fraction of "
                    "the sessions' final contexts in fp16)")
-    p.add_argument("--budget-fraction", type=float, default=0.45)
-    p.add_argument("--resume-lead", type=float, default=0.25, help="resume this long before the next turn "
+    p.add_argument("--budget-fraction", type=positive, default=0.45)
+    p.add_argument("--resume-lead", type=non_negative, default=0.25, help="resume this long before the next turn "
                    "(at most half the gap)")
-    p.add_argument("--park-min-gap", type=float, default=0.1, help="park only across gaps at least this long (s)")
-    p.add_argument("--sample-interval", type=float, default=0.25, help="G1 ledger sampling period (s)")
+    p.add_argument("--park-min-gap", type=non_negative, default=0.1, help="park only across gaps at least this long (s)")
+    p.add_argument("--sample-interval", type=positive, default=0.25, help="G1 ledger sampling period (s)")
     p.add_argument("--runs", default=",".join(RUNS), help="comma-separated subset of " + ", ".join(RUNS))
-    p.add_argument("--prefix-tokens", type=int, default=2048, help="prefix loaded vs recomputed in the tier test")
+    p.add_argument("--prefix-tokens", type=count, default=2048, help="prefix loaded vs recomputed in the tier test")
     p.add_argument("--no-tiers", action="store_true", help="skip the tier bandwidth / 2K-prefix measurements")
     p.add_argument("--tier-dir", default=None, help="directory for the G3 test (default: the temp dir)")
     p.add_argument("--model", default=None, help="model path (default: the embedded SmolLM2-135M)")

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from everybyte.bench.report import emit, environment
+from everybyte.cli_args import count, positive
 
 PROG = "everybyte bench moe"
 
@@ -40,12 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="load windows to compare, each >= the interval; 0 = 4 intervals (default 0)")
     r = p.add_argument_group("routing replay")
     r.add_argument("--trace", default=None, help="agent sessions (default: the shared ones; see bench agentic)")
-    r.add_argument("--max-sessions", type=int, default=8, help="sessions replayed (default 8)")
-    r.add_argument("--max-turns", type=int, default=6, help="turns per session (default 6)")
-    r.add_argument("--concurrency", type=int, default=4, help="sessions batched together (default 4)")
-    r.add_argument("--token-scale", type=float, default=None, help="divide recorded input tokens by this")
-    r.add_argument("--max-context", type=int, default=2048, help="prompt + output cap per turn (default 2048)")
-    r.add_argument("--max-output", type=int, default=16, help="cap on output tokens per turn (default 16)")
+    r.add_argument("--max-sessions", type=count, default=8, help="sessions replayed (default 8)")
+    r.add_argument("--max-turns", type=count, default=6, help="turns per session (default 6)")
+    r.add_argument("--concurrency", type=count, default=4, help="sessions batched together (default 4)")
+    r.add_argument("--token-scale", type=positive, default=None, help="divide recorded input tokens by this")
+    r.add_argument("--max-context", type=count, default=2048, help="prompt + output cap per turn (default 2048)")
+    r.add_argument("--max-output", type=count, default=16, help="cap on output tokens per turn (default 16)")
     r.add_argument("--routing", default=None, help="judge placements on this recorded routing instead of replaying")
     r.add_argument("--save-routing", default=None, help="write the recorded routing here (torch file)")
     m = p.add_argument_group("memory and speed")
@@ -54,9 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--kv-cache-dtype", default="nvfp4")
     m.add_argument("--weights-dtype", default="auto")
     m.add_argument("--no-throughput", action="store_true", help="skip the tok/s runs")
-    m.add_argument("--prefill-len", type=int, default=256)
-    m.add_argument("--decode-batch", type=int, default=4)
-    m.add_argument("--new-tokens", type=int, default=16)
+    m.add_argument("--prefill-len", type=count, default=256)
+    m.add_argument("--decode-batch", type=count, default=4)
+    m.add_argument("--new-tokens", type=count, default=16)
     p.add_argument("--json", default=None, help="also write the JSON here")
     return p
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from everybyte.bench.micro.kv_quality import REFERENCE_PPL, TEXTS, teacher_forced
 from everybyte.bench.report import emit, environment
+from everybyte.cli_args import count
 
 # name -> (weights_dtype, exclude, block-scale divisors or None (default), kv_cache_dtype, quantize method)
 # method None: quantized at load (round to nearest); "gptq": an `everybyte quantize --method gptq` checkpoint
@@ -40,8 +41,8 @@ VARIANTS = {
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="everybyte bench weights-quality", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None)
-    p.add_argument("--tokens", type=int, default=4096)
-    p.add_argument("--chunk", type=int, default=512, help="prefill chunk (max_num_batched_tokens)")
+    p.add_argument("--tokens", type=count, default=4096)
+    p.add_argument("--chunk", type=count, default=512, help="prefill chunk (max_num_batched_tokens)")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, from {', '.join(VARIANTS)}")
     p.add_argument("--quick", action="store_true", help="1,024 tokens")
     p.add_argument("--json", default=None)

@@ -55,3 +55,13 @@ def test_bench_flags_out_of_range_are_refused_before_the_run(argv, message, caps
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_model_path_that_is_not_there_is_one_line_not_a_traceback(tmp_path, capsys):
+    from everybyte.cli import main
+    missing = tmp_path / "none.gguf"
+    assert main(["generate", "hi", "--model", str(missing)]) == 2
+    assert f"everybyte generate: error: model path not found: {missing}" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--model", str(missing)])
+    assert e.value.code == f"everybyte serve: model path not found: {missing}"

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(out.text[printed:])
             sys.stdout.flush()
             printed = len(out.text)
-    except ValueError as e:
+    except (ValueError, OSError) as e:          # a bad setting, a model path that is not there
         print(f"everybyte generate: error: {e}", file=sys.stderr)
         return 2
     sys.stdout.write("\n")

@@ -80,7 +80,7 @@ def make_app(args: argparse.Namespace):
         engine = LLMEngine(args.model, **engine_kwargs(args), max_sessions=args.max_sessions,
                            session_idle_s=args.session_idle_timeout, kv_role=args.role,
                            kv_connector=args.kv_connector, kv_transfer_timeout_s=args.kv_transfer_timeout)
-    except ValueError as e:
+    except (ValueError, OSError) as e:          # a bad setting, a model path that is not there
         raise SystemExit(f"everybyte serve: {e}") from None
     name = args.served_model_name or engine.model_config.model_id
     cfg = ServerConfig(model_name=name, max_model_len=engine.max_model_len,

@@ -178,6 +178,10 @@ def test_router_imports_without_torch():
                                        (["--worker", "http://a", "--worker", "http://a/"], "given twice"),
                                        (["--worker", "http://a", "--disagg-threshold", "-1"], ">= 0"),
                                        (["--worker", "http://a", "--approx-ttl", "0"], "> 0"),
+                                       (["--worker", "http://a", "--request-timeout", "0"],
+                                        "--request-timeout must be > 0 seconds"),
+                                       (["--worker", "http://a", "--overlap-weight", "-1"],
+                                        "--overlap-weight must be >= 0"),
                                        (["--worker", "http://a", "--policy", "fastest"], "invalid choice"),
                                        ([], "--worker")])
 def test_router_cli_rejects_bad_arguments(args, msg):

@@ -47,8 +47,12 @@ def make_app(args: argparse.Namespace) -> FastAPI:
             raise SystemExit(f"everybyte router: --worker {u!r} is not an http(s) URL")
     if args.disagg_threshold is not None and args.disagg_threshold < 0:
         raise SystemExit(f"everybyte router: --disagg-threshold must be >= 0, got {args.disagg_threshold}")
-    if args.approx_ttl <= 0:
+    if not args.approx_ttl > 0:
         raise SystemExit(f"everybyte router: --approx-ttl must be > 0, got {args.approx_ttl}")
+    if not args.request_timeout > 0:
+        raise SystemExit(f"everybyte router: --request-timeout must be > 0 seconds, got {args.request_timeout}")
+    if not args.overlap_weight >= 0:            # a negative weight would steer prompts away from their cache
+        raise SystemExit(f"everybyte router: --overlap-weight must be >= 0, got {args.overlap_weight}")
     routing = Routing(urls, RequestBlocks(load_tokenizer(args.model)),
                       Policy(args.policy, args.overlap_weight, args.seed),
                       events=not args.no_events, approx_ttl_s=args.approx_ttl)

@@ -26,6 +26,13 @@ def test_a_port_out_of_range_is_a_usage_error(build_parser, argv, value, message
     assert e.value.code == 2 and f"argument --port: {message}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag", ["--max-queue", "--max-body-bytes", "--kv-events-buffer"])
+def test_serve_limits_below_one_are_usage_errors(flag, capsys):       # --max-queue -1 answered every request 429
+    with pytest.raises(SystemExit) as e:
+        serve_cli.build_parser().parse_args([flag, "0"])
+    assert e.value.code == 2 and f"argument {flag}: must be >= 1, got '0'" in capsys.readouterr().err
+
+
 def test_a_port_in_range_parses():
     assert serve_cli.build_parser().parse_args(["--port", "0"]).port == 0
     assert router_cli.build_parser().parse_args(["--worker", "http://127.0.0.1:1", "--port", "65535"]).port == 65535

@@ -7,7 +7,7 @@ import os
 import re
 import signal
 
-from everybyte.cli_args import port
+from everybyte.cli_args import count, port
 from everybyte.engine.engine_args import add_engine_args, engine_kwargs
 from everybyte.serve.state import ServerConfig
 
@@ -23,8 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-salt-from-api-key", action="store_true",
                    help="isolate tenants by key: KV blocks are salted, and session ids namespaced, by a hash "
                         "of the caller's API key (a body's cache_salt nests under it)")
-    p.add_argument("--max-queue", type=int, default=256, help="requests in flight before 429")
-    p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
+    p.add_argument("--max-queue", type=count, default=256, help="requests in flight before 429")
+    p.add_argument("--max-body-bytes", type=count, default=8 * 1024 * 1024)
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="on SIGTERM, seconds in-flight requests may run; then they are cut (streams end "
                         "with an error event and [DONE]) and the server exits")
@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="publish KV events (vLLM's schema, msgpack over ZeroMQ PUB) on this endpoint")
     p.add_argument("--kv-events-replay", default=None, metavar="tcp://HOST:PORT",
                    help="the replay (ROUTER) endpoint for --kv-events (default: its port + 1)")
-    p.add_argument("--kv-events-buffer", type=int, default=10000, help="batches kept for replay")
+    p.add_argument("--kv-events-buffer", type=count, default=10000, help="batches kept for replay")
     add_engine_args(p)
     return p
 

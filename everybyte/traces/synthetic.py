@@ -43,7 +43,7 @@ class SyntheticSpec:
                 number = float(value) if is_float else int(value)
             except ValueError:
                 number = math.nan
-            if not number >= 0:                               # nan and inf fail, a negative too
+            if not number >= 0:                               # a negative, or nan (not a number)
                 raise ValueError(f"synthetic trace option {part!r}: expected "
                                  f"{'a number' if is_float else 'a whole number'} >= 0")
             if math.isinf(number):

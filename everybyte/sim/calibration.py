@@ -59,7 +59,8 @@ class StepFit:
                 d = json.load(f)
             fit = cls(d["coefficients"], d["residuals"], d["samples"], d.get("source", {}), d.get("tiers", {}))
         except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
-            raise ValueError(f"{path}: not a calibration file written by `everybyte sim calibrate`: {e}") from None
+            why = f"no {e} field" if isinstance(e, KeyError) else str(e)
+            raise ValueError(f"{path}: not a calibration file written by `everybyte sim calibrate`: {why}") from None
         if set(fit.coefficients) == set(LEGACY_TERMS):
             fit.coefficients["per_prefill_step_s"] = 0.0
         if set(fit.coefficients) != set(TERMS):

@@ -16,15 +16,19 @@ def emit(result: dict, json_path: str | None) -> None:
             f.write(text + "\n")
 
 
-def check_writable(path: str, directory: bool = False) -> None:
-    """Fail before a long run instead of after it: make the folder that will hold `path` (or `path`
-    itself, a directory) and write a scratch file there. OSError naming the path when that fails."""
-    folder = os.path.abspath(path) if directory else os.path.dirname(os.path.abspath(path))
-    try:
-        if not directory and os.path.isdir(path):
-            raise IsADirectoryError(errno.EISDIR, "it is a directory")
-        os.makedirs(folder, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as e:
-        raise OSError(f"cannot write {path!r}: {e.strerror or e}") from None
+def check_writable(*paths: str | None, directory: bool = False) -> None:
+    """Fail before a long run instead of after it: for each path given (None: no output asked
+    for), make the folder that will hold it (or the path itself, a directory) and write a scratch
+    file there. OSError naming the path when that fails."""
+    for path in paths:
+        if not path:
+            continue
+        folder = os.path.abspath(path) if directory else os.path.dirname(os.path.abspath(path))
+        try:
+            if not directory and os.path.isdir(path):
+                raise IsADirectoryError(errno.EISDIR, "it is a directory")
+            os.makedirs(folder, exist_ok=True)
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as e:
+            raise OSError(f"cannot write {path!r}: {e.strerror or e}") from None

@@ -70,3 +70,14 @@ def test_a_trace_too_short_for_the_split_is_a_clear_error(capsys):
     rc = sim_accuracy.main(["--trace", "synthetic:sessions=1", "--calibration-sessions", "1"])
     assert rc == 2
     assert "sessions" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--json", "--calibration-out"])
+def test_an_unwritable_output_fails_before_both_runs(flag, tmp_path, monkeypatch, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    ran: list[object] = []
+    monkeypatch.setattr(sim_accuracy, "run", ran.append)
+    rc = sim_accuracy.main(["--trace", TRACE, flag, str(blocker / "x.json")])
+    assert rc == 2 and ran == []
+    assert f"cannot write '{blocker}/x.json'" in capsys.readouterr().err

@@ -72,3 +72,17 @@ def test_a_model_path_that_is_not_there_is_one_line_not_a_traceback(tmp_path, ca
     with pytest.raises(SystemExit) as e:
         main(["serve", "--model", str(missing)])
     assert e.value.code == f"everybyte serve: model path not found: {missing}"
+
+
+def test_check_writable_skips_none_and_checks_every_path(tmp_path):
+    from everybyte.json_output import check_writable
+    check_writable(None, str(tmp_path / "a" / "out.json"), None)            # makes the folder
+    check_writable(str(tmp_path / "d1" / "d2"), directory=True)
+    assert (tmp_path / "a").is_dir() and (tmp_path / "d1" / "d2").is_dir()
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["a", "d1", "d2"]  # no scratch file left
+    with pytest.raises(OSError, match="cannot write .*it is a directory"):
+        check_writable(str(tmp_path / "ok.json"), str(tmp_path / "a"))     # the second path is a folder
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(OSError, match=f"cannot write '{blocker}/x.json'"):
+        check_writable(str(blocker / "x.json"))

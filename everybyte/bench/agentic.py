@@ -92,9 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         vocab = TokenSpace.parse(args.vocab_range)
         if any(c < 0 for c in sweep):
             raise ValueError("concurrency must be >= 0")
-        for out, is_dir in ((args.out, True), (args.json, False)):
-            if out:
-                check_writable(out, is_dir)
+        check_writable(args.out, directory=True)
+        check_writable(args.json)
     except (ValueError, OSError) as e:
         print(f"{PROG}: bad option: {e}", file=sys.stderr)
         return 2

@@ -238,9 +238,7 @@ def run(args) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        for path in (args.calibration_out, args.json):
-            if path:
-                check_writable(path)             # before both runs, not after
+        check_writable(args.calibration_out, args.json)     # before both runs, not after
         result = run(args)
     except (ValueError, TraceError, OSError) as e:
         print(f"{PROG}: {e}", file=sys.stderr)

@@ -115,9 +115,7 @@ def calibrate(argv: list[str]) -> int:
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     lens, batches = counts("--prompt-lens", args.prompt_lens), counts("--batches", args.batches)
-    for path in (args.out, args.json):
-        if path:
-            check_writable(path)                 # before minutes of profiling, not after
+    check_writable(args.out, args.json)          # before minutes of profiling, not after
     from everybyte.engine.step_profile import profile_steps  # the real engine: imports torch
     raw, info = profile_steps(args.model, lens, batches, args.max_tokens, kv_cache_dtype=args.kv_cache_dtype)
     fit = fit_steps([StepSample(*r) for r in raw], {**info, "machine": "this machine (cpu-this-machine)"})
@@ -193,8 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{PROG}: unknown command {cmd!r}; choose from run, calibrate, whatif, hardware, models", file=sys.stderr)
             return 2
         args = run_parser().parse_args(rest)
-        if args.json:
-            check_writable(args.json)
+        check_writable(args.json)
         result = run_sim(args, config_from(args))
     except (ValueError, TraceError, OSError) as e:
         print(f"{PROG}: {e}", file=sys.stderr)

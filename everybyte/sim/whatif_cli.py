@@ -158,9 +158,8 @@ def main(argv: list[str]) -> int:
                            max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
                            pod_flash_bandwidth=args.pod_flash_bandwidth, imbalance=args.imbalance)
         cfg.check()
-        for out, is_dir in ((args.out, True), (args.json, False)):
-            if out:
-                check_writable(out, is_dir)              # before the rows run, not after
+        check_writable(args.out, directory=True)         # before the rows run, not after
+        check_writable(args.json)
         if cfg.mark not in cfg.interactivity:
             cfg.interactivity = sorted(cfg.interactivity + [cfg.mark])
         if cfg.pod_flash_bandwidth is not None:

@@ -1,7 +1,7 @@
 """The control plane compiled with mypyc (native/compiled) makes exactly the simulator's decisions
 of the Python modules: `bench sim-speed --compiled` runs both, each in its own process, on
 configurations that reach different paths (multi-step decode and single steps, the KV-aware
-router with a host and a pod tier, disaggregated prefill). The build (about 5 minutes, once per
+router with a host and a pod tier, disaggregated prefill). The build (about a minute, once per
 source change, in the kernel cache) is what users get; .ci/run starts it before the tests."""
 import json
 import subprocess

@@ -238,7 +238,7 @@ def test_gguf_dequantization_round_trip(tmp_path):
         assert got.shape == (8, 512) and torch.equal(got.float(), ref), name
         if name in ("F32", "F16", "BF16", "Q8_0"):
             assert (got.float() - torch.from_numpy(x)).abs().max() < 0.05, name
-        if qtype in DEQUANTIZERS:  # the torch path used on accelerators
+        if qtype in DEQUANTIZERS:  # the torch path (what load() uses)
             blocks = g.raw(g.tensors[name]).view(-1, gguf.GGML_QUANT_SIZES[qtype][1])
             assert torch.equal(DEQUANTIZERS[qtype](blocks).reshape(8, 512), ref), name
     assert g.load("Q8_0", torch.bfloat16).dtype == torch.bfloat16

@@ -10,7 +10,7 @@ import threading
 import time
 
 import httpx
-from serve_fixtures import Server, free_port
+from serve_fixtures import Server, free_port, start_servers
 
 from everybyte.cluster.kv_events_sub import Subscriber
 from everybyte.kv.block_id import KVNamespace
@@ -81,11 +81,8 @@ def test_pod_tier_reuse_across_workers(redis_server):
     cached_tokens show them) with the same greedy tokens. C (fp8 KV: other bytes, other names)
     never loads them."""
     tiers = ("--kv-tiers", f"{redis_server.url}:64MiB")
-    a = Server(*SMALL, *tiers)
-    b = c = None
+    a, b, c = start_servers((*SMALL, *tiers), (*SMALL, *tiers), (*SMALL, *tiers, "--kv-cache-dtype", "fp8"))
     try:
-        b = Server(*SMALL, *tiers)
-        c = Server(*SMALL, *tiers, "--kv-cache-dtype", "fp8")
         infos = [httpx.get(s.url + "/v1/kv/info", timeout=5).json() for s in (a, b, c)]
         assert infos[0]["namespace_digest"] == infos[1]["namespace_digest"] != infos[2]["namespace_digest"]
         first = _complete(a.url, PROMPT)
@@ -104,8 +101,7 @@ def test_pod_tier_reuse_across_workers(redis_server):
         assert _cached(other) == 0
     finally:
         for s in (a, b, c):
-            if s is not None:
-                s.stop()
+            s.stop()
 
 
 def test_bad_kv_events_arguments_fail_before_the_model_loads():

@@ -12,7 +12,7 @@ import threading
 import httpx
 import pytest
 import zmq
-from serve_fixtures import Server
+from serve_fixtures import Server, start_servers
 
 from everybyte.kv.tiers.frame import FRAME
 
@@ -25,32 +25,10 @@ PROMPT = ("You are a coding agent working in a Python repository. You can call t
           "every change. Task: the test test_parse_dates fails with a KeyError; find out why and fix it.")
 
 
-def _start(*specs: tuple[str, ...]) -> list[Server]:
-    """Boot the servers side by side (each loads the model)."""
-    out: list = [None] * len(specs)
-
-    def boot(i):
-        try:
-            out[i] = Server(*ENGINE, *specs[i])
-        except Exception as e:
-            out[i] = e
-    threads = [threading.Thread(target=boot, args=(i,)) for i in range(len(specs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    errors = [s for s in out if isinstance(s, Exception)]
-    if errors:
-        for s in out:
-            if isinstance(s, Server):
-                s.stop()
-        raise errors[0]
-    return out
-
-
 @pytest.fixture(scope="module")
 def workers():
-    prefill, decode, both = _start(("--role", "prefill"), ("--role", "decode", "--kv-transfer-timeout", "2"), ())
+    prefill, decode, both = start_servers((*ENGINE, "--role", "prefill"),
+                                          (*ENGINE, "--role", "decode", "--kv-transfer-timeout", "2"), ENGINE)
     yield prefill, decode, both
     for s in (prefill, decode, both):
         s.stop()
@@ -173,7 +151,7 @@ def test_a_corrupted_block_is_recomputed_from_there_on(workers, prompt_ids):
 
 def test_another_namespace_is_refused(workers, prompt_ids):
     prefill, decode, both = workers
-    (fp8,) = _start(("--role", "prefill", "--kv-cache-dtype", "fp8"))
+    fp8 = Server(*ENGINE, "--role", "prefill", "--kv-cache-dtype", "fp8")
     try:
         ids = prompt_ids[2:] + prompt_ids[:2]
         reference = _complete(both, ids)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from serve_fixtures import Server
+from serve_fixtures import Server, start_servers
 from test_router_e2e import ENGINE, router
 
 PROMPT = "The history of the printing press begins in the fifteenth century, when movable type " * 3
@@ -15,7 +15,7 @@ PROMPT = "The history of the printing press begins in the fifteenth century, whe
 
 @pytest.fixture(scope="module")
 def cluster():
-    prefill, decode = Server(*ENGINE, "--role", "prefill"), Server(*ENGINE, "--role", "decode")
+    prefill, decode = start_servers((*ENGINE, "--role", "prefill"), (*ENGINE, "--role", "decode"))
     r = router("--worker", prefill.url, "--worker", decode.url, "--disagg-threshold", "32")
     yield r, prefill, decode
     for s in (r, prefill, decode):

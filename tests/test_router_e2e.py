@@ -14,7 +14,7 @@ import signal
 import httpx
 import openai
 import pytest
-from serve_fixtures import Server, free_port
+from serve_fixtures import Server, free_port, start_servers
 
 ENGINE = ["--kv-cache", "16MiB", "--max-model-len", "512", "--max-num-seqs", "4", "--kv-tiers", "none"]
 LONG = "Tools: search(query), open(url), click(id). Reply in JSON only. " * 6
@@ -22,7 +22,7 @@ LONG = "Tools: search(query), open(url), click(id). Reply in JSON only. " * 6
 
 @pytest.fixture(scope="module")
 def workers():
-    ws = [Server(*ENGINE), Server(*ENGINE)]
+    ws = start_servers(ENGINE, ENGINE)
     yield ws
     for w in ws:
         w.stop()

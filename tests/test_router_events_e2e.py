@@ -11,7 +11,7 @@ import time
 
 import httpx
 import pytest
-from serve_fixtures import Server, free_port
+from serve_fixtures import free_port, start_servers
 from test_router_e2e import ENGINE, LONG, complete, routed_to, router
 
 from everybyte.cluster.event_feed import EventFeed
@@ -30,8 +30,8 @@ def wait_for(cond, timeout=60.0):
 
 @pytest.fixture(scope="module")
 def workers():
-    ws = [Server(*ENGINE, "--kv-events", f"tcp://127.0.0.1:{free_port()}",
-                 "--kv-events-replay", f"tcp://127.0.0.1:{free_port()}") for _ in range(2)]
+    ws = start_servers(*[(*ENGINE, "--kv-events", f"tcp://127.0.0.1:{free_port()}",
+                          "--kv-events-replay", f"tcp://127.0.0.1:{free_port()}") for _ in range(2)])
     yield ws
     for w in ws:
         w.stop()

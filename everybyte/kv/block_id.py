@@ -17,17 +17,17 @@ import json
 import os
 import struct
 from dataclasses import dataclass, field, fields
-from typing import Any, Protocol, Sequence
+from typing import Any, Final, Protocol, Sequence
 
 from everybyte.kv.block_mix import mix_name
 from everybyte.native import loader
 
-NAME_BYTES = 16
-ROOT_PARENT = b"\x00" * NAME_BYTES
-_DOMAIN = b"everybyte-kv-block-v2"           # v2: int32 tokens (v1 packed int64)
+NAME_BYTES: Final = 16
+ROOT_PARENT: Final = b"\x00" * NAME_BYTES
+_DOMAIN: Final = b"everybyte-kv-block-v2"           # v2: int32 tokens (v1 packed int64)
 
 
-_PERSON = b"everybyte.kv"
+_PERSON: Final = b"everybyte.kv"
 NAME_HASHES = ("blake2b", "mix128")         # mix128: simulated fleets only (kv/block_mix)
 
 
@@ -100,7 +100,7 @@ def pack_tokens(token_ids: Sequence[int]) -> bytes:
     return struct.pack(f"<{len(token_ids)}i", *token_ids)
 
 
-_BLOCK_HASHERS: dict[bytes, Any] = {}
+_BLOCK_HASHERS: Final[dict[bytes, Any]] = {}
 
 
 def _block_hasher(namespace: KVNamespace) -> Any:

@@ -4,13 +4,14 @@ output lengths come from max_tokens + ignore_eos). RecordedExecutor replays a re
 times and tokens instead (the decision-equivalence test)."""
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import Callable, Final, Protocol
 
 from everybyte.engine.core import StepResult
 from everybyte.engine.sequence import Sequence
 from everybyte.kv.clock import VirtualClock
 
-TOKEN_LOW, TOKEN_SPAN = 1000, 29000
+TOKEN_LOW: Final = 1000
+TOKEN_SPAN: Final = 29000
 
 
 def placeholder_token(position: int) -> int:
@@ -22,8 +23,8 @@ def placeholder_token(position: int) -> int:
     return table[position]
 
 
-_TOKENS = tuple(range(TOKEN_LOW, TOKEN_LOW + TOKEN_SPAN))     # one int object per value, shared
-_BY_POSITION: list[int] = []                                   # placeholder_token(p) at index p
+_TOKENS: Final = tuple(range(TOKEN_LOW, TOKEN_LOW + TOKEN_SPAN))     # one int object per value, shared
+_BY_POSITION: Final[list[int]] = []                                 # placeholder_token(p) at index p
 
 
 def placeholder_tokens(start: int, n: int) -> list[int]:

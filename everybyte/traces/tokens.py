@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
@@ -23,9 +23,9 @@ from everybyte.native import loader
 from everybyte.traces.model import Session
 from everybyte.traces.scaling import Scaling
 
-MARKER_LEN = 4
-_M64 = (1 << 64) - 1
-_A = 0x2545F4914F6CDD1D
+MARKER_LEN: Final = 4
+_M64: Final = (1 << 64) - 1
+_A: Final = 0x2545F4914F6CDD1D
 
 
 def key64(*parts) -> int:

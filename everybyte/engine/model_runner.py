@@ -1,8 +1,6 @@
 """Turns a scheduled batch into one forward over the paged KV pool, then samples."""
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import torch
 
 from everybyte.engine.exact_tail import exact_tail_for
@@ -10,6 +8,7 @@ from everybyte.engine.sampler import Sampler, SamplerOutput, SamplingTensors
 from everybyte.engine.sequence import Sequence
 from everybyte.kv.data.pool import KVPool, min_pool_bytes
 from everybyte.models.attention import AttentionMetadata, LayerKVCache
+from everybyte.models.threads import one_thread
 
 # Mixed prose, code, numbers and chat markup: a fixed, ordinary input for scale calibration.
 CALIBRATION_TEXT = (
@@ -25,17 +24,6 @@ CALIBRATION_TEXT = (
 
 
 CALIBRATION_BLOCK_SIZE = 16
-
-
-@contextmanager
-def one_thread():
-    """torch (and so oneDNN, MKL and our C kernels) on one CPU thread, restored afterwards."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
 
 
 def calibrate_kv_amax(model, layer_shapes: list[tuple[int, int]], token_ids: list[int],

@@ -6,15 +6,16 @@ import hashlib
 import math
 import mmap
 import struct
-from contextlib import contextmanager
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as np_dequantize
+
+from everybyte.models.threads import one_thread
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q",
             12: "<d"}  # struct codes, also valid numpy dtypes
@@ -122,7 +123,7 @@ class GGUFFile:
         block, type_size = GGML_QUANT_SIZES[t.qtype]
         if t.qtype in DEQUANTIZERS:
             blocks = self.raw(t).to(device).view(-1, type_size)
-            with _one_thread(device):
+            with one_thread() if blocks.device.type == "cpu" else nullcontext():
                 return DEQUANTIZERS[t.qtype](blocks).reshape(t.shape).to(dtype)
         data = np.frombuffer(self._mm, np.uint8, t.nbytes, t.offset).reshape(-1, t.shape[-1] // block * type_size)
         try:
@@ -130,19 +131,6 @@ class GGUFFile:
         except NotImplementedError as e:
             raise ValueError(f"{self.path}: tensor {name!r} has unsupported type {t.qtype.name}") from e
         return torch.from_numpy(w).reshape(t.shape).to(device=device, dtype=dtype)
-
-
-@contextmanager
-def _one_thread(device) -> Iterator[None]:
-    if torch.device(device).type != "cpu":
-        yield
-        return
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 _PLAIN = {GGMLQuantizationType.F32: torch.float32, GGMLQuantizationType.F16: torch.float16,
